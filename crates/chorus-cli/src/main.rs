@@ -1,0 +1,3 @@
+//! The `chorus` command (floor 5): `run`, `bench`, `status`. Nothing imports it.
+
+fn main() {}

@@ -1,0 +1,124 @@
+//! The `Device` port: memory and arithmetic.
+//!
+//! The engine's algorithms never touch memory directly; they ask a `Device` to copy, reduce,
+//! and turn a region into a [`Device::Payload`] for a [`crate::link::Link`] (and back). The
+//! host device here works on `[u8]` with `Bytes` payloads; `chorus-cuda` implements it for
+//! GPU memory. A `Link<D::Payload>` is what connects two ranks on devices of type `D`.
+//!
+//! Offsets and lengths are in bytes and must be multiples of the element size where a dtype
+//! is involved; a region outside the memory is a [`DeviceError::OutOfBounds`], never a panic.
+
+use std::ops::DerefMut;
+
+use chorus_protocol::{DType, ReduceOp};
+
+/// Memory and arithmetic for one rank.
+pub trait Device: Send + Sync + 'static {
+    /// Memory as the engine borrows it (`[u8]` on the host).
+    type Mem: ?Sized + Send + Sync;
+    /// An owned allocation (scratch space).
+    type Owned: DerefMut<Target = Self::Mem> + Send + Sync;
+    /// What travels over a link between two ranks on this kind of device.
+    type Payload: Send + Sync + 'static;
+
+    /// Short name for logs and errors (`host`, `cuda:0`).
+    fn name(&self) -> &str;
+
+    /// Length of `mem` in bytes.
+    fn len(&self, mem: &Self::Mem) -> usize;
+
+    /// A zeroed allocation of `bytes` bytes.
+    fn alloc(&self, bytes: usize) -> Result<Self::Owned, DeviceError>;
+
+    /// `dst[dst_off..][..len] = src[src_off..][..len]`.
+    fn copy(
+        &self,
+        dst: &mut Self::Mem,
+        dst_off: usize,
+        src: &Self::Mem,
+        src_off: usize,
+        len: usize,
+    ) -> Result<(), DeviceError>;
+
+    /// Copy `len` bytes from `src_off` to `dst_off` within one memory (regions may overlap).
+    fn copy_within(
+        &self,
+        mem: &mut Self::Mem,
+        src_off: usize,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), DeviceError>;
+
+    /// `dst[i] = op(dst[i], src[i])` elementwise over `len` bytes of `dtype` elements.
+    /// `op` is one of `Sum`, `Prod`, `Min`, `Max`; the engine composes `Avg` and
+    /// `PreMulSum` from `Sum` and [`Device::scale`].
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        dst: &mut Self::Mem,
+        dst_off: usize,
+        src: &Self::Mem,
+        src_off: usize,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), DeviceError>;
+
+    /// `mem[i] = mem[i] * factor` elementwise (integers: multiply then truncate toward zero;
+    /// `Avg` passes `1/n`).
+    fn scale(
+        &self,
+        mem: &mut Self::Mem,
+        off: usize,
+        len: usize,
+        dtype: DType,
+        factor: f64,
+    ) -> Result<(), DeviceError>;
+
+    /// A payload holding a copy of `src[off..][..len]`, for a link to send.
+    fn pack(&self, src: &Self::Mem, off: usize, len: usize) -> Result<Self::Payload, DeviceError>;
+
+    /// Length of a payload in bytes.
+    fn payload_len(&self, payload: &Self::Payload) -> usize;
+
+    /// `dst[off..][..payload_len] = payload`.
+    fn unpack(
+        &self,
+        dst: &mut Self::Mem,
+        off: usize,
+        payload: &Self::Payload,
+    ) -> Result<(), DeviceError>;
+
+    /// `dst[off + i] = op(dst[off + i], payload[i])`, the reduction of a received payload.
+    fn unpack_reduce(
+        &self,
+        dst: &mut Self::Mem,
+        off: usize,
+        payload: &Self::Payload,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), DeviceError>;
+}
+
+/// Why a device operation failed.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// A region fell outside its memory.
+    #[error("region {off}+{len} outside memory of {size} bytes")]
+    OutOfBounds { off: usize, len: usize, size: usize },
+    /// A length or offset is not a whole number of elements.
+    #[error("{len} bytes is not a whole number of {dtype} elements")]
+    Misaligned { len: usize, dtype: DType },
+    /// The device cannot apply this operator to this type.
+    #[error("{op} is not supported for {dtype} on this device")]
+    Unsupported { op: ReduceOp, dtype: DType },
+    /// Allocation failed.
+    #[error("cannot allocate {bytes} bytes: {detail}")]
+    OutOfMemory { bytes: usize, detail: String },
+    /// The device (driver, runtime) is not there or failed.
+    #[error("device unavailable: {0}")]
+    Unavailable(String),
+    /// A device-side wait passed its deadline or was aborted.
+    #[error("device wait ended: {0}")]
+    Wait(String),
+}

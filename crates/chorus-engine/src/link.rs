@@ -1,0 +1,120 @@
+//! The `Link` port: the engine's view of one peer.
+//!
+//! A link carries tagged payloads in both directions between two ranks of one communicator.
+//! The engine ships an in-process link for its own tests; `chorus-transport` provides TCP
+//! (io_uring, epoll) and QUIC links; `chorus-cuda` may provide device-memory links whose
+//! payload is not host bytes (hence the payload parameter, tied to [`crate::device::Device`]).
+//!
+//! # Contract every implementation keeps
+//!
+//! - **Matching.** `recv(tag)` resolves with the payload the peer sent under a tag with the
+//!   same `(op, step)`. Payloads that arrive before their `recv` is posted are held (up to a
+//!   bound the implementation documents; past it the link fails with
+//!   [`LinkError::Overflow`]). If the held or arriving tag with that `(op, step)` differs in
+//!   any other field (collective, offset, dtype), `recv` fails with
+//!   [`LinkError::TagMismatch`] naming both: ranks calling different collectives is an error,
+//!   never silent corruption.
+//! - **Order.** Payloads between two ranks are delivered in the order they were sent.
+//! - **Send completion.** `send` resolves once the link owns the payload (queued or written),
+//!   not when the peer has it. Dropping a pending `send` future never leaves a partial frame
+//!   on the wire: the link either finishes the frame in the background or fails.
+//! - **Cancellation.** `cancel(reason)` is local, immediate and idempotent (first reason
+//!   wins): every pending and later `send`/`recv` fails with [`LinkError::Cancelled`] within
+//!   milliseconds, without waiting on the peer. Network links then send an explicit
+//!   departure (best effort, bounded) and close at the connection level, so the peer sees the
+//!   departure whatever the descriptor's reference count (principle 1).
+//! - **Failure.** A peer's departure or a lost connection fails pending and later operations
+//!   with [`LinkError::PeerDeparted`] or [`LinkError::ConnectionLost`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use chorus_protocol::{CloseCode, Collective, DType, OpSeq, Rank};
+
+/// A boxed, `Send` future returned by link operations; boxing keeps `Link` object-safe.
+pub type LinkFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LinkError>> + Send + 'a>>;
+
+/// One peer, as the engine sees it.
+pub trait Link<P = Bytes>: Send + Sync {
+    /// The rank at the other end, in the communicator's current numbering.
+    fn peer(&self) -> Rank;
+
+    /// Hand `payload` to the link for the peer, under `tag`.
+    fn send(&self, tag: Tag, payload: P) -> LinkFuture<'_, ()>;
+
+    /// The payload the peer sends under `tag`.
+    fn recv(&self, tag: Tag) -> LinkFuture<'_, P>;
+
+    /// Fail everything pending and everything later with `reason` (see the contract above).
+    fn cancel(&self, reason: CancelReason);
+}
+
+/// Identifies one payload of one operation. Every rank derives the same tags from the same
+/// call, so a difference is a programming error on some rank, detected at the receiver.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Tag {
+    pub collective: Collective,
+    pub op: OpSeq,
+    pub step: u32,
+    /// Byte offset of the payload within the operation's buffer.
+    pub offset: u64,
+    pub dtype: DType,
+}
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} step {} offset {} {}",
+            self.collective, self.op, self.step, self.offset, self.dtype
+        )
+    }
+}
+
+/// Why a link was cancelled: the code its departure frame and connection close carry.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct CancelReason {
+    pub code: CloseCode,
+    pub detail: Arc<str>,
+}
+
+impl CancelReason {
+    pub fn new(code: CloseCode, detail: impl Into<Arc<str>>) -> Self {
+        Self {
+            code,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for CancelReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.detail)
+    }
+}
+
+/// Why a link operation failed.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum LinkError {
+    /// This side cancelled the link.
+    #[error("link cancelled ({0})")]
+    Cancelled(CancelReason),
+    /// The peer sent a departure (or closed with an application code).
+    #[error("peer departed ({code}): {detail}")]
+    PeerDeparted { code: CloseCode, detail: String },
+    /// The connection failed without a departure.
+    #[error("connection lost: {detail}")]
+    ConnectionLost { detail: String },
+    /// The peer sent a payload for the same `(op, step)` under a different tag.
+    #[error("tag mismatch: expected {expected}, peer sent {got}")]
+    TagMismatch { expected: Tag, got: Tag },
+    /// The peer sent bytes that fail validation; the connection was closed with `code`.
+    #[error("protocol violation ({code}): {detail}")]
+    Protocol { code: CloseCode, detail: String },
+    /// The peer sent more unclaimed data than the link holds.
+    #[error("peer sent {bytes} bytes nobody asked for (limit {limit})")]
+    Overflow { bytes: u64, limit: u64 },
+}

@@ -1,0 +1,430 @@
+//! The message catalogue: one body type per frame kind (SPEC.md, "Messages").
+//!
+//! Bodies other than `Chunk` are rkyv archives validated with bytecheck before use; `Chunk`
+//! is a fixed-layout header followed by raw payload bytes, so a data chunk passes through the
+//! decoder without a copy.
+
+use bytes::Bytes;
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::code::CloseCode;
+use crate::ids::{CommId, Epoch, OpSeq, Rank};
+
+/// Length of handshake nonces and proofs (HMAC-SHA256 output).
+pub const PROOF_LEN: usize = 32;
+
+/// Every frame kind, with its wire code.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+#[repr(u8)]
+pub enum Kind {
+    Hello = 0x01,
+    HelloAck = 0x02,
+    Reject = 0x03,
+    Join = 0x10,
+    Welcome = 0x11,
+    Heartbeat = 0x20,
+    Depart = 0x21,
+    Notice = 0x22,
+    Revoke = 0x23,
+    Prepare = 0x30,
+    Promise = 0x31,
+    Propose = 0x32,
+    Accept = 0x33,
+    Commit = 0x34,
+    Chunk = 0x40,
+    StatusRequest = 0x50,
+    StatusReply = 0x51,
+}
+
+/// A decoded message: the body of one frame, typed.
+#[derive(Clone, PartialEq, Debug)]
+pub enum Message {
+    Hello(Hello),
+    HelloAck(HelloAck),
+    Reject(Reject),
+    Join(Join),
+    Welcome(Welcome),
+    Heartbeat(Heartbeat),
+    Depart(Depart),
+    Notice(Notice),
+    Revoke(Revoke),
+    Prepare(Prepare),
+    Promise(Promise),
+    Propose(Propose),
+    Accept(Accept),
+    Commit(Commit),
+    Chunk(Chunk),
+    StatusRequest(StatusRequest),
+    StatusReply(StatusReply),
+}
+
+impl Message {
+    /// The frame kind that carries this message.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Message::Hello(_) => Kind::Hello,
+            Message::HelloAck(_) => Kind::HelloAck,
+            Message::Reject(_) => Kind::Reject,
+            Message::Join(_) => Kind::Join,
+            Message::Welcome(_) => Kind::Welcome,
+            Message::Heartbeat(_) => Kind::Heartbeat,
+            Message::Depart(_) => Kind::Depart,
+            Message::Notice(_) => Kind::Notice,
+            Message::Revoke(_) => Kind::Revoke,
+            Message::Prepare(_) => Kind::Prepare,
+            Message::Promise(_) => Kind::Promise,
+            Message::Propose(_) => Kind::Propose,
+            Message::Accept(_) => Kind::Accept,
+            Message::Commit(_) => Kind::Commit,
+            Message::Chunk(_) => Kind::Chunk,
+            Message::StatusRequest(_) => Kind::StatusRequest,
+            Message::StatusReply(_) => Kind::StatusReply,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handshake
+
+/// What a connection is for; chosen by the connecting side in its `Hello`.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Hash, Debug)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+#[repr(u8)]
+pub enum Role {
+    /// A member's control connection to another member (heartbeats, notices, agreement).
+    Member = 0,
+    /// A member's data-plane connection to another member (chunks).
+    Data = 1,
+    /// A rank joining the bootstrap root at init.
+    Bootstrap = 2,
+    /// A new process asking a running communicator to admit it (grow).
+    Joiner = 3,
+    /// `chorus status`: reads the live state, may not send anything but `StatusRequest`.
+    Status = 4,
+}
+
+/// The first frame on every connection, sent by the connecting side.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Hello {
+    /// Lowest protocol version the sender speaks.
+    pub version_min: u16,
+    /// Highest protocol version the sender speaks.
+    pub version_max: u16,
+    pub role: Role,
+    /// Fresh random bytes from the sender.
+    pub nonce: [u8; PROOF_LEN],
+    /// HMAC-SHA256 under the job secret over the handshake transcript (SPEC.md, "Handshake").
+    pub proof: [u8; PROOF_LEN],
+}
+
+/// The accepting side's answer to a valid `Hello`.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct HelloAck {
+    /// The version both sides will speak: the highest in both ranges.
+    pub version: u16,
+    /// Fresh random bytes from the acceptor.
+    pub nonce: [u8; PROOF_LEN],
+    /// HMAC-SHA256 under the job secret over the transcript including the `Hello`'s nonce,
+    /// proving the acceptor knows the secret too.
+    pub proof: [u8; PROOF_LEN],
+}
+
+/// A refusal; the connection is closed with the same code right after it.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Reject {
+    pub code: CloseCode,
+    /// Human-readable, lowercase, at most `MAX_DETAIL` bytes.
+    pub detail: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bootstrap and membership tables
+
+/// A socket address on the wire: an IPv6 address (IPv4 as IPv4-mapped) and a port.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Hash, Debug)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+pub struct WireAddr {
+    pub ip: [u8; 16],
+    pub port: u16,
+}
+
+/// One member as the others need to know it: where to reach it and how to watch it.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct PeerInfo {
+    pub rank: Rank,
+    /// Host name, so same-host peers can be watched by process id.
+    pub host: String,
+    pub pid: u32,
+    /// Control-plane (QUIC) endpoint.
+    pub control: WireAddr,
+    /// Data-plane endpoint (per the transport in `caps`).
+    pub data: WireAddr,
+    /// Capability bits (SPEC.md, "Capabilities").
+    pub caps: u64,
+    /// Distinguishes a restarted process reusing a rank.
+    pub incarnation: u64,
+}
+
+/// A rank announcing itself to the bootstrap root, or a joiner to a running communicator.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Join {
+    /// The world size the sender was started with (0 for a grow joiner).
+    pub world: u32,
+    pub peer: PeerInfo,
+}
+
+/// The root's answer once every rank has joined: the peer table of the first epoch, or a
+/// joiner's admission into a later one.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Welcome {
+    pub comm: CommId,
+    pub epoch: Epoch,
+    /// Ordered by rank; `members[i].rank == i`.
+    pub members: Vec<PeerInfo>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Liveness
+
+/// "I am alive", sent to each observer every heartbeat interval.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Heartbeat {
+    /// Increments by one per heartbeat from this sender.
+    pub seq: u64,
+}
+
+/// An explicit departure: the sender is leaving, and why (principle 1).
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Depart {
+    pub code: CloseCode,
+    pub detail: String,
+}
+
+/// What a notice asserts about its subject.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Hash, Debug)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+#[repr(u8)]
+pub enum Verdict {
+    /// Missed a deadline on one observer; not yet absent.
+    Suspect = 0,
+    /// Declared dead; absent from the next epoch.
+    Dead = 1,
+    /// Left explicitly; absent from the next epoch.
+    Departed = 2,
+}
+
+/// Why an observer reached its verdict.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub enum Evidence {
+    /// The subject sent `Depart` (or a connection close) with this code.
+    Departed { code: CloseCode },
+    /// The connection to the subject failed or closed without a departure.
+    ConnectionLost { code: CloseCode },
+    /// Nothing heard from the subject for `silent_ms` against a deadline of `deadline_ms`.
+    MissedDeadline { silent_ms: u64, deadline_ms: u64 },
+    /// The subject's process exited on the observer's host (pidfd).
+    ProcessExited { status: i32 },
+    /// The launcher saw the subject's process exit.
+    LauncherWitness { status: i32 },
+}
+
+/// A liveness verdict spreading by reliable broadcast.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Notice {
+    /// The member that reached the verdict.
+    pub origin: Rank,
+    pub subject: Rank,
+    pub verdict: Verdict,
+    pub evidence: Evidence,
+    /// Forwarding hops so far (0 when sent by the origin).
+    pub hops: u16,
+}
+
+/// The communicator at the header's epoch is unusable; spreads to every member.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Revoke {
+    pub origin: Rank,
+    pub hops: u16,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agreement and membership change
+
+/// Orders agreement attempts: higher round wins; ties broken by coordinator rank.
+#[derive(
+    Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug,
+)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+pub struct Ballot {
+    pub round: u32,
+    pub coordinator: Rank,
+}
+
+/// A candidate membership for the next epoch.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Proposal {
+    /// The new communicator's id and epoch.
+    pub comm: CommId,
+    pub epoch: Epoch,
+    /// Old-epoch ranks agreed absent (dead or departed), ascending.
+    pub removed: Vec<Rank>,
+    /// The new table, ranks compacted `0..n` in old order, joiners appended.
+    pub members: Vec<PeerInfo>,
+}
+
+/// A coordinator claims a ballot and asks for any proposal already accepted.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Prepare {
+    pub ballot: Ballot,
+}
+
+/// A member promises to ignore lower ballots and reports what it already accepted.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Promise {
+    pub ballot: Ballot,
+    pub accepted: Option<(Ballot, Proposal)>,
+    /// Old-epoch ranks this member knows to be absent.
+    pub absent: Vec<Rank>,
+}
+
+/// The coordinator's proposal for the next epoch.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Propose {
+    pub ballot: Ballot,
+    pub proposal: Proposal,
+}
+
+/// A member's vote on a proposal.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Accept {
+    pub ballot: Ballot,
+    /// False when the member knows of an absence the proposal lacks (listed in `absent`)
+    /// or has promised a higher ballot.
+    pub ok: bool,
+    pub absent: Vec<Rank>,
+}
+
+/// The decision: every member installs `proposal` as its next epoch.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct Commit {
+    pub ballot: Ballot,
+    pub proposal: Proposal,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data plane
+
+/// The fixed-layout header of a data chunk (SPEC.md, "Chunk"); the payload follows it.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+pub struct ChunkHeader {
+    /// Wire code of the collective (`Collective::code`).
+    pub collective: u8,
+    /// Wire code of the element type (`DType::code`).
+    pub dtype: u8,
+    pub op: OpSeq,
+    pub step: u32,
+    /// Byte offset of the payload within the operation's buffer.
+    pub offset: u64,
+}
+
+/// A data chunk: header plus payload (a slice of the receive buffer, never copied).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Chunk {
+    pub header: ChunkHeader,
+    pub payload: Bytes,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live inspection
+
+/// Asks a member for its view of the communicator (`chorus status`).
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct StatusRequest {
+    /// How many of the most recent flight-recorder entries to include.
+    pub max_ops: u32,
+}
+
+/// A member's liveness state for one peer, as its ledger holds it.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Hash, Debug)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+#[repr(u8)]
+pub enum PeerState {
+    Joining = 0,
+    Alive = 1,
+    Suspect = 2,
+    Dead = 3,
+    Departed = 4,
+}
+
+/// One row of a member's ledger.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct PeerStatus {
+    pub rank: Rank,
+    pub state: PeerState,
+    /// Milliseconds since the member last heard from this peer (`u64::MAX`: never).
+    pub last_heard_ms: u64,
+    pub evidence: Option<Evidence>,
+}
+
+/// Where an operation in the flight recorder stands.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Hash, Debug)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+#[repr(u8)]
+pub enum OpState {
+    Queued = 0,
+    Running = 1,
+    Done = 2,
+    Failed = 3,
+    Aborted = 4,
+}
+
+/// One flight-recorder entry.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct OpRecord {
+    pub seq: OpSeq,
+    /// Wire code of the collective.
+    pub collective: u8,
+    pub bytes: u64,
+    pub algorithm: String,
+    pub state: OpState,
+    pub step: u32,
+    /// The peer this operation is blocked on, if it is blocked.
+    pub waiting_on: Option<Rank>,
+    /// Milliseconds since the operation started.
+    pub age_ms: u64,
+    /// How long it ran (so far, if still running), in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+/// A member's answer to `StatusRequest`.
+#[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct StatusReply {
+    pub rank: Rank,
+    pub epoch: Epoch,
+    pub world: u32,
+    pub peers: Vec<PeerStatus>,
+    pub ops: Vec<OpRecord>,
+    /// The first error this member's communicator recorded, with its stable token.
+    pub async_error: Option<String>,
+}
