@@ -163,6 +163,8 @@ pub struct PeerInfo {
     pub control: WireAddr,
     /// Data-plane endpoint (per the transport in `caps`).
     pub data: WireAddr,
+    /// SHA-256 of the member's self-signed QUIC certificate (DER), pinned by its peers.
+    pub fingerprint: [u8; 32],
     /// Capability bits (SPEC.md, "Capabilities").
     pub caps: u64,
     /// Distinguishes a restarted process reusing a rank.
