@@ -25,6 +25,7 @@ pub mod header;
 pub mod ids;
 pub mod limits;
 pub mod message;
+pub mod samples;
 pub mod validation;
 
 pub use code::CloseCode;

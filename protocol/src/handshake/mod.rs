@@ -17,7 +17,7 @@
 
 mod acceptor;
 mod connector;
-mod proof;
+pub(crate) mod proof;
 mod version;
 
 pub use acceptor::AcceptorConfig;
