@@ -204,14 +204,15 @@ pub(crate) fn decode_body(
     }
 }
 
-/// Bytechecks and deserializes an archive of `T`.
+/// Bytechecks and deserializes an archive of `T`. The low-level validator suffices (no body
+/// holds a shared pointer) and allocates nothing.
 fn access<T>(kind: Kind, bytes: &[u8]) -> Result<T, DecodeError>
 where
     T: rkyv::Archive,
-    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
-        + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::low::LowValidator<'a, rancor::Error>>
+        + rkyv::Deserialize<T, rancor::Strategy<rkyv::de::Unpool, rancor::Error>>,
 {
-    rkyv::from_bytes::<T, rancor::Error>(bytes).map_err(|e| DecodeError::Malformed {
+    rkyv::api::low::from_bytes::<T, rancor::Error>(bytes).map_err(|e| DecodeError::Malformed {
         kind,
         detail: e.to_string(),
     })
