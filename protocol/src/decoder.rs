@@ -18,8 +18,10 @@ use crate::error::DecodeError;
 use crate::frame::{Frame, frame_version};
 use crate::gate::{Gate, Side};
 use crate::header::{BASE_VERSION, HEADER_LEN, Header, check_prefix};
+use crate::ids::Rank;
 use crate::limits::Limits;
-use crate::message::{Kind, Role};
+use crate::message::{Kind, Message, Role};
+use crate::validation::Invalid;
 
 /// Reserve at least this much when lending the buffer, so small frames are read in batches.
 const MIN_READ: usize = 64 * 1024;
@@ -34,6 +36,8 @@ pub struct Decoder {
     next_seq: u64,
     /// The header of the frame in progress, already checked.
     pending: Option<Header>,
+    /// The peer sent `Depart`: nothing may follow it.
+    departed: bool,
     poisoned: Option<DecodeError>,
 }
 
@@ -52,6 +56,7 @@ impl Decoder {
             gate,
             next_seq: 0,
             pending: None,
+            departed: false,
             poisoned: None,
         }
     }
@@ -64,7 +69,7 @@ impl Decoder {
         role: Role,
         local: Side,
         comm: crate::ids::CommId,
-        peer: crate::ids::Rank,
+        peer: Rank,
     ) {
         self.version = version;
         self.gate = Gate::Established {
@@ -167,9 +172,13 @@ impl Decoder {
         let mut frame = self.buf.split_to(total);
         frame.advance(HEADER_LEN);
         self.pending = None;
-        let message =
-            decode_body(header.kind, frame.freeze(), &self.limits).map_err(|e| self.poison(e))?;
+        let message = decode_body(header.kind, frame.freeze(), &self.limits)
+            .and_then(|m| self.check_role_rules(&header, m))
+            .map_err(|e| self.poison(e))?;
         self.next_seq += 1;
+        // Lifecycle rules belong to live streams; an open gate decodes any sequence.
+        self.departed =
+            header.kind == Kind::Depart && matches!(self.gate, Gate::Established { .. });
         Ok(Some(Frame { header, message }))
     }
 
@@ -241,6 +250,12 @@ impl Decoder {
     }
 
     fn check_gate(&self, kind: Kind) -> Result<(), DecodeError> {
+        if self.departed {
+            return Err(DecodeError::Unexpected {
+                kind,
+                phase: "after depart",
+            });
+        }
         if !self.gate.admits(kind) {
             return Err(DecodeError::Unexpected {
                 kind,
@@ -248,6 +263,38 @@ impl Decoder {
             });
         }
         Ok(())
+    }
+
+    /// The rules that depend on the stream's role and on the header as well as the body
+    /// (SPEC.md, sections 4, 8 and 11.3).
+    fn check_role_rules(&self, header: &Header, message: Message) -> Result<Message, DecodeError> {
+        let Gate::Established { role, local, .. } = self.gate else {
+            return Ok(message);
+        };
+        let broken = match (&message, role) {
+            // A launcher speaks for nobody; members re-originate its witness before
+            // spreading it, so no member stream carries an origin-less notice.
+            (Message::Notice(n), Role::Launcher) if n.origin != Rank::NONE => {
+                Some("a launcher's notice has no origin rank")
+            }
+            (Message::Notice(n), Role::Member) if n.origin == Rank::NONE => {
+                Some("a member's notice names its origin rank")
+            }
+            (Message::Join(j), Role::Bootstrap) if local == Side::Acceptor => (j.world == 0
+                || j.peer.rank != header.sender)
+                .then_some("a bootstrap join names the sender's own rank"),
+            (Message::Join(j), Role::Joiner) if local == Side::Acceptor => (j.world != 0
+                || header.sender != Rank::NONE)
+                .then_some("a grow joiner has no rank and no world"),
+            _ => None,
+        };
+        match broken {
+            Some(rule) => Err(DecodeError::Invalid {
+                kind: header.kind,
+                reason: Invalid::RoleRule(rule),
+            }),
+            None => Ok(message),
+        }
     }
 
     /// Records `e` as the stream's fate and drops what was buffered.
@@ -502,6 +549,51 @@ mod tests {
         d.establish(1, Role::Data, Side::Acceptor, CommId(1), Rank(2));
         d.push(&bytes);
         assert!(matches!(d.next(), Err(DecodeError::Unexpected { .. })));
+    }
+
+    #[test]
+    fn nothing_may_follow_a_depart() {
+        let bytes = stream(&[
+            Message::Depart(Depart::new(CloseCode::NORMAL, "done")),
+            Message::Heartbeat(Heartbeat { seq: 1 }),
+        ]);
+        let mut d = Decoder::new(Side::Acceptor, Limits::DEFAULT);
+        d.establish(1, Role::Member, Side::Acceptor, CommId(1), Rank(2));
+        d.push(&bytes);
+        assert!(matches!(
+            d.next().unwrap().unwrap().message,
+            Message::Depart(_)
+        ));
+        assert_eq!(
+            d.next(),
+            Err(DecodeError::Unexpected {
+                kind: Kind::Heartbeat,
+                phase: "after depart"
+            })
+        );
+    }
+
+    #[test]
+    fn role_rules_bind_joins_and_notices_to_the_stream() {
+        use crate::samples;
+        let decode = |role, sample: &str| {
+            let s = samples::named(sample);
+            let mut out = BytesMut::new();
+            Encoder::default()
+                .encode(&s.envelope, &s.message, &mut out)
+                .unwrap();
+            let mut d = Decoder::new(Side::Acceptor, Limits::DEFAULT);
+            d.establish(1, role, Side::Acceptor, s.envelope.comm, s.envelope.sender);
+            d.push(&out);
+            d.next().map(|f| f.is_some())
+        };
+        assert_eq!(decode(Role::Bootstrap, "join"), Ok(true));
+        assert!(decode(Role::Bootstrap, "join-grow").is_err());
+        assert_eq!(decode(Role::Joiner, "join-grow"), Ok(true));
+        assert!(decode(Role::Joiner, "join").is_err());
+        assert_eq!(decode(Role::Launcher, "notice-launcher"), Ok(true));
+        assert!(decode(Role::Member, "notice-launcher").is_err());
+        assert_eq!(decode(Role::Member, "notice"), Ok(true));
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub enum Invalid {
     ChunkOverflow { offset: u64, len: u64 },
     #[error("chunk header reserved bytes are not zero")]
     ChunkReserved,
+    #[error("{0}")]
+    RoleRule(&'static str),
 }
 
 /// A body whose validity rules can be checked.
