@@ -141,7 +141,9 @@ impl Acceptor {
     }
 
     /// Admits the peer: appends the `HelloAck`, stamped with this end's `epoch` and `rank`
-    /// in the peer's communicator (`Rank::NONE` if this end has none there).
+    /// in the peer's communicator (`Rank::NONE` if this end has none there). Every later
+    /// frame this end sends on the stream must carry the same communicator and rank: the
+    /// peer's decoder refuses any other sender.
     pub fn accept(
         &mut self,
         epoch: Epoch,
