@@ -469,3 +469,78 @@ fn check_canonical(bytes: &[u8]) -> Result<(), TestCaseError> {
     }
     Ok(())
 }
+
+/// Runs a whole handshake between fresh state machines; returns both ends' outcomes.
+fn handshake(
+    env: Envelope,
+    role: Role,
+    ours: chorus_protocol::VersionRange,
+    theirs: chorus_protocol::VersionRange,
+    same_secret: bool,
+) -> (
+    Result<chorus_protocol::Established, chorus_protocol::HandshakeError>,
+    Result<chorus_protocol::Established, chorus_protocol::HandshakeError>,
+) {
+    use chorus_protocol::{Acceptor, AcceptorConfig, Connector, ConnectorConfig, JobSecret, Nonce};
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut wire = BytesMut::new();
+    let mut cfg =
+        ConnectorConfig::new(JobSecret::new([1; 32]), env, role, Nonce([2; 32]), deadline);
+    cfg.versions = ours;
+    let mut conn = Connector::new(cfg, &mut wire).unwrap();
+    let secret = if same_secret { [1; 32] } else { [9; 32] };
+    let mut acfg = AcceptorConfig::new(JobSecret::new(secret), Nonce([3; 32]), deadline);
+    acfg.versions = theirs;
+    let mut acc = Acceptor::new(acfg);
+    let mut rx = Decoder::new(Side::Acceptor, Limits::DEFAULT);
+    rx.push(&wire);
+    let hello = rx.next().unwrap().unwrap();
+    let mut back = BytesMut::new();
+    let a = acc
+        .handle(&hello, &mut back)
+        .and_then(|_| acc.accept(Epoch(env.epoch.0), Rank(0), &mut back));
+    let mut crx = Decoder::new(Side::Connector, Limits::DEFAULT);
+    crx.push(&back);
+    let answer = crx.next().unwrap().unwrap();
+    (a, conn.handle(&answer))
+}
+
+proptest! {
+    /// Any overlapping version ranges agree on the highest common version, on both ends,
+    /// for every role and envelope; disjoint ranges or another secret fail on both ends with
+    /// the same code.
+    #[test]
+    fn handshakes_agree_or_fail_on_both_ends_with_one_code(
+        env in envelope(),
+        role in role(),
+        (a_min, a_span, b_min, b_span) in (1u16..5, 0u16..3, 1u16..5, 0u16..3),
+        same_secret in any::<bool>(),
+    ) {
+        use chorus_protocol::VersionRange;
+        let ours = VersionRange { min: a_min, max: a_min + a_span };
+        let theirs = VersionRange { min: b_min, max: b_min + b_span };
+        let (a, c) = handshake(env, role, ours, theirs, same_secret);
+        match (ours.negotiate(theirs), same_secret) {
+            (Some(v), true) => {
+                let (a, c) = (a.unwrap(), c.unwrap());
+                prop_assert_eq!(u16::from(a.version), v);
+                prop_assert_eq!(a.version, c.version);
+                prop_assert_eq!(a.role, role);
+                prop_assert_eq!(c.role, role);
+                prop_assert_eq!(a.peer, env.sender);
+                prop_assert_eq!(c.peer, Rank(0));
+            }
+            _ => {
+                let (a, c) = (a.unwrap_err(), c.unwrap_err());
+                prop_assert_eq!(a.code(), c.code());
+                let expected = if same_secret {
+                    CloseCode::VERSION_MISMATCH
+                } else {
+                    CloseCode::AUTH_FAILED
+                };
+                prop_assert_eq!(a.code(), expected);
+            }
+        }
+    }
+}
