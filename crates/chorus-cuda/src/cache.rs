@@ -42,7 +42,8 @@ impl Key {
 /// The image for `key`: from this process's cache, the disk cache, or NVRTC (in that order).
 /// Returns the image and whether the fp8 instructions are in it.
 pub fn get_or_compile(key: &Key, source: &str) -> Result<(Arc<Image>, bool), CudaError> {
-    static MEMORY: OnceLock<Mutex<HashMap<Key, (Arc<Image>, bool)>>> = OnceLock::new();
+    type Compiled = HashMap<Key, (Arc<Image>, bool)>;
+    static MEMORY: OnceLock<Mutex<Compiled>> = OnceLock::new();
     let memory = MEMORY.get_or_init(Default::default);
     // Held across the compile so two threads opening the same GPU compile once.
     let mut map = memory.lock().unwrap_or_else(|p| p.into_inner());

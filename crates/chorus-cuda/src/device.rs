@@ -264,7 +264,7 @@ fn invalid(e: DeviceError) -> CudaError {
 /// Check that a region is whole elements of `dtype`.
 fn elements(off: &[usize], len: usize, dtype: DType) -> Result<u64, DeviceError> {
     let size = dtype.size();
-    if len % size != 0 || off.iter().any(|o| o % size != 0) {
+    if !len.is_multiple_of(size) || off.iter().any(|o| !o.is_multiple_of(size)) {
         return Err(DeviceError::Misaligned { len, dtype });
     }
     Ok((len / size) as u64)

@@ -72,7 +72,7 @@ impl Default for LinkConfig {
 
 impl LinkConfig {
     fn check(&self) -> Result<(), CudaError> {
-        if self.slot_bytes == 0 || self.slot_bytes % 256 != 0 {
+        if self.slot_bytes == 0 || !self.slot_bytes.is_multiple_of(256) {
             return Err(CudaError::Invalid(format!(
                 "slot_bytes {} is not a positive multiple of 256",
                 self.slot_bytes
@@ -639,12 +639,14 @@ impl Future for Recv<'_> {
         }
         let mut m = core.mailbox.lock().unwrap_or_else(|p| p.into_inner());
         let want = self.tag;
-        if let Some(i) = m
+        let at = m
             .held
             .iter()
-            .position(|(t, _)| t.op == want.op && t.step == want.step)
+            .position(|(t, _)| t.op == want.op && t.step == want.step);
+        if let Some(i) = at
+            && let Some((got, payload)) = m.held.remove(i)
         {
-            if let Some((got, payload)) = m.held.remove(i) {
+            {
                 m.held_bytes -= payload.len as u64;
                 return Poll::Ready(if got == want {
                     Ok(payload)
@@ -678,14 +680,15 @@ impl Drop for DeviceLink {
             core.set_abort();
             drained = core.drain(t);
         }
-        if healthy && !core.abort_word_set() {
-            if let Ok(_seq) = core.tx.lock() {
-                let _ = (Frame::Depart {
-                    code: CloseCode::NORMAL,
-                    detail: "link closed".into(),
-                })
-                .write_to(&mut &core.socket);
-            }
+        if healthy
+            && !core.abort_word_set()
+            && let Ok(_seq) = core.tx.lock()
+        {
+            let _ = (Frame::Depart {
+                code: CloseCode::NORMAL,
+                detail: "link closed".into(),
+            })
+            .write_to(&mut &core.socket);
         }
         // A peer in another process reads our region until it has drained its own streams,
         // which its departure (or its death) tells us.

@@ -64,7 +64,7 @@ impl MappedHost {
 
     fn word32(&self, offset: usize) -> &AtomicU32 {
         assert!(
-            offset % 4 == 0 && offset + 4 <= self.bytes,
+            offset.is_multiple_of(4) && offset + 4 <= self.bytes,
             "word outside mapped memory"
         );
         // SAFETY: in bounds and aligned (checked above; the allocation is page aligned), and
@@ -75,7 +75,7 @@ impl MappedHost {
 
     fn word64(&self, offset: usize) -> &AtomicU64 {
         assert!(
-            offset % 8 == 0 && offset + 8 <= self.bytes,
+            offset.is_multiple_of(8) && offset + 8 <= self.bytes,
             "word outside mapped memory"
         );
         // SAFETY: as in `word32`.

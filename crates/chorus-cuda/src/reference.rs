@@ -16,7 +16,7 @@ pub fn int_divisor(factor: f64) -> Option<u64> {
     }
     let inv = 1.0 / factor;
     let n = inv.round();
-    if n >= 1.0 && n < 9.0e15 && (inv - n).abs() <= 1e-9 * n {
+    if (1.0..9.0e15).contains(&n) && (inv - n).abs() <= 1e-9 * n {
         Some(n as u64)
     } else {
         None
