@@ -1,0 +1,157 @@
+//! Transport configuration: plain data. Parsing it from the environment is the runtime's job.
+
+use std::time::Duration;
+
+/// Which event engine drives TCP links.
+#[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
+pub enum Backend {
+    /// io_uring when the kernel lets us set up a ring, epoll otherwise.
+    #[default]
+    Auto,
+    /// io_uring only; creating the transport fails if the ring cannot be set up.
+    Uring,
+    /// epoll (tokio) only.
+    Epoll,
+}
+
+/// Bounded, exponentially backed-off retries for `connect`.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Backoff {
+    /// Delay before the first retry.
+    pub initial: Duration,
+    /// Ceiling for any single delay.
+    pub max: Duration,
+    /// Attempts in all (the first one included); the connect deadline bounds them too.
+    pub attempts: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(500),
+            attempts: 12,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `retry` (0-based), doubling from `initial` up to `max`.
+    pub fn delay(&self, retry: u32) -> Duration {
+        let factor = 1u32.checked_shl(retry.min(16)).unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+}
+
+/// Everything a transport needs to know; `Default` gives the values chorus ships with.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct TransportConfig {
+    /// Event engine for TCP links.
+    pub backend: Backend,
+    /// A connecting or accepted connection must finish the handshake within this.
+    pub handshake_timeout: Duration,
+    /// `connect` gives up (retries included) after this.
+    pub connect_timeout: Duration,
+    /// Retry schedule for refused or unreachable connects.
+    pub backoff: Backoff,
+    /// `SO_SNDBUF` / `SO_RCVBUF` requested for TCP sockets (the kernel may clamp them).
+    pub socket_buffer: usize,
+    /// Payloads at least this large are sent with `IORING_OP_SEND_ZC` (io_uring backend).
+    /// Below it a copy is cheaper than the page pinning and the second completion.
+    pub zero_copy_threshold: usize,
+    /// Bytes that arrived before their `recv` was posted that a link holds; past this the
+    /// link fails with `LinkError::Overflow` and closes with a protocol-violation code.
+    pub held_limit: u64,
+    /// Bytes a link accepts from `send` callers before the wire has taken them; `send`
+    /// waits (cancellably) past it.
+    pub send_window: u64,
+    /// Largest chunk payload a peer may announce; larger frames close the connection.
+    pub max_chunk: u32,
+    /// Budget for the departure frame on `cancel` before the connection is shut regardless.
+    pub depart_timeout: Duration,
+    /// Size of each registered io_uring buffer slot (receives of headers and small frames,
+    /// sends of small frames).
+    pub uring_slot: usize,
+    /// Number of registered buffer slots per ring.
+    pub uring_slots: u16,
+    /// Submission queue depth per ring.
+    pub uring_entries: u32,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            backend: Backend::Auto,
+            handshake_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(30),
+            backoff: Backoff::default(),
+            socket_buffer: 4 << 20,
+            zero_copy_threshold: DEFAULT_ZERO_COPY_THRESHOLD,
+            held_limit: 1 << 30,
+            send_window: 64 << 20,
+            max_chunk: 256 << 20,
+            depart_timeout: Duration::from_millis(20),
+            uring_slot: 64 << 10,
+            uring_slots: 64,
+            uring_entries: 256,
+        }
+    }
+}
+
+/// Measured on loopback with `cargo bench -p chorus-benches --bench transport` (see the
+/// crate README section in `lib.rs`): below this a copying send beats `SEND_ZC`.
+pub const DEFAULT_ZERO_COPY_THRESHOLD: usize = 64 << 10;
+
+/// Liveness values the QUIC transport derives its idle timeout and keep-alive from.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Liveness {
+    /// How often the control plane expects to hear from a peer.
+    pub heartbeat_interval: Duration,
+    /// Silence after which the control plane declares a peer dead.
+    pub deadline: Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_millis(250),
+            deadline: Duration::from_secs(3),
+        }
+    }
+}
+
+impl Liveness {
+    /// QUIC idle timeout: the detector's deadline plus one interval, so the detector, which
+    /// names the peer and the evidence, always fires first; the connection then dies too.
+    pub fn idle_timeout(&self) -> Duration {
+        self.deadline + self.heartbeat_interval
+    }
+
+    /// QUIC keep-alive: half the heartbeat interval, so an idle data connection never
+    /// looks silent to a middlebox or to the idle timer.
+    pub fn keep_alive(&self) -> Duration {
+        (self.heartbeat_interval / 2).max(Duration::from_millis(10))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_max() {
+        let b = Backoff::default();
+        assert_eq!(b.delay(0), Duration::from_millis(10));
+        assert_eq!(b.delay(1), Duration::from_millis(20));
+        assert_eq!(b.delay(5), Duration::from_millis(320));
+        assert_eq!(b.delay(6), Duration::from_millis(500));
+        assert_eq!(b.delay(u32::MAX), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn quic_timers_follow_liveness() {
+        let l = Liveness::default();
+        assert!(l.idle_timeout() > l.deadline);
+        assert!(l.keep_alive() < l.heartbeat_interval);
+    }
+}

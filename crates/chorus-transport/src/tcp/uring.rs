@@ -1,0 +1,938 @@
+//! The io_uring backend: one ring per progress thread, driven with the `io-uring` crate.
+//!
+//! Every buffer an in-flight submission points to is owned by the ring thread — the
+//! registered slot pool, a connection's decoder buffer or current frame, or a payload
+//! clone kept in the operation table — never by a caller's future. Dropping a `send` or
+//! `recv` future therefore cannot free memory the kernel is writing to: the future only
+//! waits on the link's matcher. A connection is dropped (and its descriptor closed) only
+//! after every operation that names it has completed; cancellation goes through
+//! `IORING_OP_ASYNC_CANCEL` plus `shutdown(SHUT_RDWR)`, which makes those completions
+//! prompt. If the ring is stopped with operations still in flight past a bounded wait, the
+//! ring and every buffer are leaked rather than freed under the kernel.
+//!
+//! Receives of headers and small frames go through registered slots (`READ_FIXED`); the
+//! body of a large frame is received straight into its final buffer, so a chunk payload
+//! is neither copied nor reallocated. Small frames are copied into a registered slot and
+//! sent from it; payloads at or above the zero-copy threshold go out with `SEND_ZC` from
+//! the caller's own buffer, kept alive until the kernel's notification.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use io_uring::types::{CancelBuilder, Fd, SubmitArgs, Timespec};
+use io_uring::{IoUring, cqueue, opcode, squeue};
+
+use super::frame::OutFrame;
+use super::socket;
+use crate::config::TransportConfig;
+use crate::inbound::{self, Flow};
+use crate::matcher::Matcher;
+use crate::wire::{Decoder, Route};
+
+/// How long stopping a ring waits for in-flight operations before leaking them.
+const STOP_BUDGET: Duration = Duration::from_secs(2);
+
+/// A ring and its progress thread.
+#[derive(Debug)]
+pub(crate) struct Ring {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    done: parking_lot::Mutex<mpsc::Receiver<()>>,
+}
+
+/// What callers share with the ring thread.
+#[derive(Debug)]
+struct Shared {
+    tx: mpsc::Sender<Cmd>,
+    /// Set by the ring thread just before it blocks; a poster that swaps it back writes
+    /// the eventfd, so a busy ring takes commands without a system call per command.
+    sleeping: AtomicBool,
+    wake: OwnedFd,
+    next_conn: AtomicU64,
+}
+
+enum Cmd {
+    Add(Box<NewConn>),
+    Send { conn: u64, frame: OutFrame },
+    Close { conn: u64, depart: Option<Bytes> },
+    Stop,
+}
+
+struct NewConn {
+    id: u64,
+    fd: OwnedFd,
+    decoder: Decoder,
+    matcher: Arc<Matcher>,
+    peer: Route,
+    me: Route,
+}
+
+/// A link's handle on its connection inside the ring.
+#[derive(Debug)]
+pub(crate) struct UringConn {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl UringConn {
+    pub(crate) fn submit(&self, frame: OutFrame) -> Result<(), OutFrame> {
+        self.shared
+            .post(Cmd::Send {
+                conn: self.id,
+                frame,
+            })
+            .map_err(|cmd| match cmd {
+                Cmd::Send { frame, .. } => frame,
+                _ => unreachable!("post hands back the command it was given"),
+            })
+    }
+
+    pub(crate) fn close(&self, depart: Option<Bytes>) {
+        let _ = self.shared.post(Cmd::Close {
+            conn: self.id,
+            depart,
+        });
+    }
+}
+
+impl Shared {
+    fn post(&self, cmd: Cmd) -> Result<(), Cmd> {
+        self.tx.send(cmd).map_err(|e| e.0)?;
+        if self.sleeping.swap(false, Ordering::SeqCst) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: `wake` is an eventfd we own; writing 8 bytes from a live array is
+            // the eventfd protocol. A failed write (counter saturated) still leaves it
+            // readable, which is all we need.
+            let _ = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
+        Ok(())
+    }
+}
+
+impl Ring {
+    /// Sets up a ring (reporting the kernel's refusal, e.g. seccomp or
+    /// `io_uring_disabled`) and starts its progress thread.
+    pub(crate) fn new(cfg: &TransportConfig) -> io::Result<Ring> {
+        let ring: IoUring = IoUring::builder()
+            .setup_cqsize(cfg.uring_entries.saturating_mul(4))
+            .build(cfg.uring_entries)?;
+        // SAFETY: eventfd returns a new descriptor we own, or -1.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh, valid descriptor nobody else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(raw) };
+        let wake_fd = wake.as_raw_fd();
+        let slots = Slots::new(&ring, cfg.uring_slot, cfg.uring_slots);
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            tx,
+            sleeping: AtomicBool::new(false),
+            wake,
+            next_conn: AtomicU64::new(1),
+        });
+        let (done_tx, done) = mpsc::channel();
+        let driver = Driver {
+            ring,
+            slots,
+            rx,
+            shared: shared.clone(),
+            wake_fd,
+            wake_buf: Box::new([0; 8]),
+            conns: HashMap::new(),
+            ops: HashMap::new(),
+            next_op: 1,
+            zc_threshold: cfg.zero_copy_threshold,
+            depart_timeout: cfg.depart_timeout,
+            stopping: None,
+        };
+        let thread = thread::Builder::new()
+            .name("chorus-uring".into())
+            .spawn(move || {
+                driver.run();
+                let _ = done_tx.send(());
+            })?;
+        Ok(Ring {
+            shared,
+            thread: Some(thread),
+            done: parking_lot::Mutex::new(done),
+        })
+    }
+
+    /// Hands an established connection to the ring.
+    pub(crate) fn attach(
+        &self,
+        fd: OwnedFd,
+        decoder: Decoder,
+        matcher: Arc<Matcher>,
+        peer: Route,
+        me: Route,
+    ) -> UringConn {
+        let id = self.shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        let new = Box::new(NewConn {
+            id,
+            fd,
+            decoder,
+            matcher: matcher.clone(),
+            peer,
+            me,
+        });
+        if let Err(Cmd::Add(new)) = self.shared.post(Cmd::Add(new)) {
+            // The ring is gone: close the connection properly and fail the link.
+            socket::shutdown_of(&new.fd);
+            inbound::on_lost(&matcher, "io_uring progress thread has stopped".into());
+        }
+        UringConn {
+            shared: self.shared.clone(),
+            id,
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        let _ = self.shared.post(Cmd::Stop);
+        if self.done.lock().recv_timeout(STOP_BUDGET * 2).is_ok() {
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        } else {
+            tracing::warn!("io_uring progress thread did not stop in time; detached");
+        }
+    }
+}
+
+/// The registered buffer pool.
+struct Slots {
+    mem: Box<[u8]>,
+    size: usize,
+    free: Vec<u16>,
+}
+
+impl Slots {
+    fn new(ring: &IoUring, size: usize, count: u16) -> Slots {
+        let size = size.clamp(4096, 1 << 30);
+        let mut mem = vec![0u8; size * count as usize].into_boxed_slice();
+        let iovecs: Vec<libc::iovec> = mem
+            .chunks_exact_mut(size)
+            .map(|c| libc::iovec {
+                iov_base: c.as_mut_ptr().cast(),
+                iov_len: c.len(),
+            })
+            .collect();
+        // SAFETY: the iovecs point into `mem`, which lives in the driver next to the ring
+        // and is freed only after the ring (see `Driver::run`'s teardown).
+        let registered = !iovecs.is_empty()
+            && match unsafe { ring.submitter().register_buffers(&iovecs) } {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!("io_uring buffer registration refused ({e}); using plain ops");
+                    false
+                }
+            };
+        let free = if registered {
+            (0..count).rev().collect()
+        } else {
+            Vec::new()
+        };
+        Slots { mem, size, free }
+    }
+
+    fn take(&mut self) -> Option<u16> {
+        self.free.pop()
+    }
+
+    fn give(&mut self, slot: u16) {
+        self.free.push(slot);
+    }
+
+    fn ptr(&mut self, slot: u16) -> *mut u8 {
+        self.mem[slot as usize * self.size..].as_mut_ptr()
+    }
+
+    fn bytes(&self, slot: u16, len: usize) -> &[u8] {
+        let start = slot as usize * self.size;
+        &self.mem[start..start + len.min(self.size)]
+    }
+}
+
+/// An operation in flight, keyed by its `user_data`.
+enum Op {
+    /// The eventfd read that wakes the ring for new commands.
+    Wake,
+    /// A receive into registered slot `slot`.
+    RecvSlot { conn: u64, slot: u16 },
+    /// A receive straight into the connection's decoder buffer.
+    RecvInto { conn: u64 },
+    /// A send of the connection's current frame, from a registered slot or its own buffers.
+    Send { conn: u64 },
+    /// A zero-copy send of `keep`'s bytes; retired after the result and every notification.
+    SendZc {
+        conn: u64,
+        keep: Bytes,
+        result_seen: bool,
+        notifs: u32,
+    },
+    /// An `ASYNC_CANCEL`; its own completion carries nothing we need.
+    Cancel,
+}
+
+struct Conn {
+    fd: OwnedFd,
+    matcher: Arc<Matcher>,
+    peer: Route,
+    me: Route,
+    decoder: Decoder,
+    recv: Option<u64>,
+    queue: VecDeque<OutFrame>,
+    cur: Option<Sending>,
+    send: Option<u64>,
+    /// Operations naming this connection that have not retired; the descriptor and the
+    /// buffers stay until this is zero.
+    inflight: u32,
+    seq: u64,
+    closing: Option<Closing>,
+}
+
+struct Sending {
+    frame: OutFrame,
+    /// Bytes of the frame already on the wire.
+    off: usize,
+    /// The frame was copied into this registered slot.
+    slot: Option<u16>,
+    depart: bool,
+}
+
+struct Closing {
+    depart: Option<Bytes>,
+    deadline: Instant,
+    shut: bool,
+}
+
+struct Driver {
+    ring: IoUring,
+    slots: Slots,
+    rx: mpsc::Receiver<Cmd>,
+    shared: Arc<Shared>,
+    wake_fd: RawFd,
+    wake_buf: Box<[u8; 8]>,
+    conns: HashMap<u64, Conn>,
+    ops: HashMap<u64, Op>,
+    next_op: u64,
+    zc_threshold: usize,
+    depart_timeout: Duration,
+    stopping: Option<Instant>,
+}
+
+impl Driver {
+    fn run(mut self) {
+        self.arm_wake();
+        loop {
+            while let Ok(cmd) = self.rx.try_recv() {
+                self.command(cmd);
+            }
+            self.tick();
+            if let Some(since) = self.stopping {
+                if self.ops.is_empty() {
+                    break;
+                }
+                if since.elapsed() > STOP_BUDGET {
+                    tracing::error!(
+                        ops = self.ops.len(),
+                        "io_uring operations still in flight at stop; leaking the ring"
+                    );
+                    // SAFETY-relevant: the kernel may still write into buffers these
+                    // operations name; leaking keeps that memory valid forever.
+                    std::mem::forget(self);
+                    return;
+                }
+            }
+            self.shared.sleeping.store(true, Ordering::SeqCst);
+            match self.rx.try_recv() {
+                Ok(cmd) => {
+                    self.shared.sleeping.store(false, Ordering::SeqCst);
+                    self.command(cmd);
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Disconnected) if self.stopping.is_none() => {
+                    // Every handle is gone without a Stop: stop anyway.
+                    self.command(Cmd::Stop);
+                }
+                Err(_) => {}
+            }
+            self.wait();
+            self.shared.sleeping.store(false, Ordering::SeqCst);
+            self.reap();
+        }
+        // No operation is in flight: dropping the ring, then the slots (field order), is
+        // sound.
+    }
+
+    fn wait(&mut self) {
+        let timeout = self
+            .conns
+            .values()
+            .filter_map(|c| c.closing.as_ref().filter(|c| !c.shut).map(|c| c.deadline))
+            .chain(self.stopping.map(|s| s + STOP_BUDGET))
+            .min()
+            .map(|d| {
+                d.saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1))
+            });
+        let result = match timeout {
+            Some(t) => {
+                let ts = Timespec::from(t);
+                let args = SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+            None => self.ring.submit_and_wait(1),
+        };
+        if let Err(e) = result {
+            match e.raw_os_error() {
+                Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY) => {}
+                _ => tracing::error!("io_uring_enter: {e}"),
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        let done: Vec<(u64, i32, u32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result(), c.flags()))
+            .collect();
+        for (ud, res, flags) in done {
+            self.complete(ud, res, flags);
+        }
+    }
+
+    /// Queues an entry whose buffers the driver owns until its completion.
+    fn push(&mut self, entry: squeue::Entry, op: Op) -> u64 {
+        let ud = self.next_op;
+        self.next_op += 1;
+        let entry = entry.user_data(ud);
+        for _ in 0..3 {
+            // SAFETY: every buffer `entry` names is owned by the driver — the slot pool,
+            // the wake buffer, a connection (kept until its `inflight` count is zero), or
+            // the `Bytes` kept in `op` — and so outlives the operation.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                if let Some(conn) = op_conn(&op) {
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.inflight += 1;
+                    }
+                }
+                self.ops.insert(ud, op);
+                return ud;
+            }
+            if let Err(e) = self.ring.submit() {
+                tracing::warn!("io_uring submit while full: {e}");
+            }
+        }
+        tracing::error!("io_uring submission queue stuck full; dropping an operation");
+        if let Op::RecvSlot { slot, .. } = op {
+            self.slots.give(slot);
+        }
+        0
+    }
+
+    fn arm_wake(&mut self) {
+        if self.stopping.is_some() {
+            return;
+        }
+        let e = opcode::Read::new(Fd(self.wake_fd), self.wake_buf.as_mut_ptr(), 8).build();
+        self.push(e, Op::Wake);
+    }
+
+    fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Add(new) => {
+                let NewConn {
+                    id,
+                    fd,
+                    decoder,
+                    matcher,
+                    peer,
+                    me,
+                } = *new;
+                self.conns.insert(
+                    id,
+                    Conn {
+                        fd,
+                        matcher,
+                        peer,
+                        me,
+                        decoder,
+                        recv: None,
+                        queue: VecDeque::new(),
+                        cur: None,
+                        send: None,
+                        inflight: 0,
+                        seq: 0,
+                        closing: None,
+                    },
+                );
+                if self.stopping.is_some() {
+                    self.begin_close(id, None);
+                    return;
+                }
+                // Bytes read past the handshake may already hold whole frames.
+                self.drain_decoder(id);
+                self.arm_recv(id);
+            }
+            Cmd::Send { conn, frame } => match self.conns.get_mut(&conn) {
+                Some(c) if c.closing.is_none() => {
+                    c.queue.push_back(frame);
+                    self.pump_send(conn);
+                }
+                Some(c) => release(&c.matcher, frame),
+                None => {}
+            },
+            Cmd::Close { conn, depart } => self.begin_close(conn, depart),
+            Cmd::Stop => {
+                if self.stopping.is_none() {
+                    self.stopping = Some(Instant::now());
+                    let ids: Vec<u64> = self.conns.keys().copied().collect();
+                    for id in ids {
+                        self.begin_close(id, None);
+                    }
+                    let wakes: Vec<u64> = self
+                        .ops
+                        .iter()
+                        .filter(|(_, op)| matches!(op, Op::Wake))
+                        .map(|(ud, _)| *ud)
+                        .collect();
+                    for ud in wakes {
+                        let e = opcode::AsyncCancel2::new(CancelBuilder::user_data(ud)).build();
+                        self.push(e, Op::Cancel);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Enforces departure deadlines: a connection whose departure could not be written in
+    /// time is shut regardless (the bound in "best effort, bounded").
+    fn tick(&mut self) {
+        let now = Instant::now();
+        let late: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.closing
+                    .as_ref()
+                    .is_some_and(|cl| !cl.shut && now >= cl.deadline)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            self.shut(id);
+        }
+    }
+
+    fn complete(&mut self, ud: u64, res: i32, flags: u32) {
+        let Some(op) = self.ops.remove(&ud) else {
+            return;
+        };
+        match op {
+            Op::Wake => self.arm_wake(),
+            Op::Cancel => {}
+            Op::RecvSlot { conn, slot } => {
+                if res > 0 {
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        let data = self.slots.bytes(slot, res as usize);
+                        c.decoder.buffer().extend_from_slice(data);
+                    }
+                }
+                self.slots.give(slot);
+                self.retire(conn);
+                self.on_recv(conn, res);
+            }
+            Op::RecvInto { conn } => {
+                if res > 0 {
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        let buf = c.decoder.buffer();
+                        let len = buf.len() + res as usize;
+                        // SAFETY: the kernel initialised `res` bytes of the spare capacity
+                        // we passed (`arm_recv` never asks for more than that capacity).
+                        unsafe { buf.set_len(len.min(buf.capacity())) };
+                    }
+                }
+                self.retire(conn);
+                self.on_recv(conn, res);
+            }
+            Op::Send { conn } => {
+                self.retire(conn);
+                self.on_sent(conn, res);
+            }
+            Op::SendZc {
+                conn,
+                keep,
+                mut result_seen,
+                mut notifs,
+            } => {
+                if cqueue::notif(flags) {
+                    notifs = notifs.saturating_sub(1);
+                } else {
+                    result_seen = true;
+                    if cqueue::more(flags) {
+                        notifs += 1;
+                    }
+                    self.on_sent(conn, res);
+                }
+                if result_seen && notifs == 0 {
+                    self.retire(conn);
+                } else {
+                    // Still referenced by the kernel until the notification.
+                    self.ops.insert(
+                        ud,
+                        Op::SendZc {
+                            conn,
+                            keep,
+                            result_seen,
+                            notifs,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// One operation naming `conn` has retired; reap the connection if it was the last.
+    fn retire(&mut self, conn: u64) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.inflight = c.inflight.saturating_sub(1);
+        }
+        self.maybe_reap(conn);
+    }
+
+    fn on_recv(&mut self, id: u64, res: i32) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.recv = None;
+        if c.closing.is_some() {
+            return;
+        }
+        if res <= 0 {
+            let detail = if res == 0 {
+                "peer closed the connection without a departure".to_string()
+            } else {
+                format!("recv: {}", io::Error::from_raw_os_error(-res))
+            };
+            inbound::on_lost(&c.matcher, detail);
+            self.begin_close(id, None);
+            return;
+        }
+        if self.drain_decoder(id) {
+            self.arm_recv(id);
+        }
+    }
+
+    /// Decodes every whole frame buffered; false if the connection is now closing.
+    fn drain_decoder(&mut self, id: u64) -> bool {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        loop {
+            let flow = match c.decoder.decode() {
+                Ok(Some(frame)) => inbound::on_frame(&c.matcher, c.peer, frame),
+                Ok(None) => return true,
+                Err(e) => inbound::on_wire_error(&c.matcher, e),
+            };
+            if let Flow::Close(depart) = flow {
+                let me = c.me;
+                let depart = depart.and_then(|(code, d)| inbound::depart_frame(me, code, &d));
+                self.begin_close(id, depart);
+                return false;
+            }
+        }
+    }
+
+    fn arm_recv(&mut self, id: u64) {
+        let slot_size = self.slots.size;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.recv.is_some() || c.closing.is_some() {
+            return;
+        }
+        let fd = c.fd.as_raw_fd();
+        let wanted = c.decoder.wanted();
+        let slot = if wanted <= slot_size {
+            self.slots.take()
+        } else {
+            None
+        };
+        let (entry, op) = match slot {
+            Some(slot) => {
+                let ptr = self.slots.ptr(slot);
+                let e = opcode::ReadFixed::new(Fd(fd), ptr, slot_size as u32, slot).build();
+                (e, Op::RecvSlot { conn: id, slot })
+            }
+            None => {
+                let buf = c.decoder.buffer();
+                buf.reserve(wanted.max(slot_size));
+                let spare = buf.spare_capacity_mut();
+                let len = spare.len().min(1 << 30) as u32;
+                let e = opcode::Recv::new(Fd(fd), spare.as_mut_ptr().cast(), len).build();
+                (e, Op::RecvInto { conn: id })
+            }
+        };
+        let ud = self.push(entry, op);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.recv = Some(ud);
+        }
+    }
+
+    /// Starts the next send segment if none is in flight.
+    fn pump_send(&mut self, id: u64) {
+        let slot_size = self.slots.size;
+        let zc_threshold = self.zc_threshold;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.send.is_some() || c.closing.as_ref().is_some_and(|cl| cl.shut) {
+            return;
+        }
+        if c.cur.is_none() {
+            let Some(mut frame) = c.queue.pop_front() else {
+                return;
+            };
+            c.seq += 1;
+            frame.stamp(c.seq);
+            c.cur = Some(Sending {
+                frame,
+                off: 0,
+                slot: None,
+                depart: false,
+            });
+        }
+        let fd = c.fd.as_raw_fd();
+        let Some(cur) = c.cur.as_mut() else { return };
+        let total = cur.frame.len();
+        let head_len = cur.frame.head.len();
+        if cur.off == 0 && cur.slot.is_none() && total <= slot_size {
+            if let Some(slot) = self.slots.take() {
+                let ptr = self.slots.ptr(slot);
+                // SAFETY: `ptr` starts a slot of `slot_size >= total` bytes that no other
+                // operation uses (it was just taken from the free list).
+                let dst = unsafe { std::slice::from_raw_parts_mut(ptr, total) };
+                dst[..head_len].copy_from_slice(&cur.frame.head);
+                dst[head_len..].copy_from_slice(&cur.frame.payload);
+                cur.slot = Some(slot);
+            }
+        }
+        let flags = libc::MSG_NOSIGNAL;
+        let (entry, op) = if let Some(slot) = cur.slot {
+            let ptr = self.slots.ptr(slot).wrapping_add(cur.off);
+            let e = opcode::Send::new(Fd(fd), ptr, (total - cur.off) as u32)
+                .flags(flags)
+                .build();
+            (e, Op::Send { conn: id })
+        } else if cur.off < head_len {
+            let head = &cur.frame.head[cur.off..];
+            let e = opcode::Send::new(Fd(fd), head.as_ptr(), head.len() as u32)
+                .flags(flags | libc::MSG_MORE)
+                .build();
+            (e, Op::Send { conn: id })
+        } else {
+            let rest = cur.frame.payload.slice(cur.off - head_len..);
+            let len = rest.len().min(1 << 30) as u32;
+            if cur.frame.payload.len() >= zc_threshold {
+                let e = opcode::SendZc::new(Fd(fd), rest.as_ptr(), len)
+                    .flags(flags)
+                    .build();
+                let op = Op::SendZc {
+                    conn: id,
+                    keep: rest,
+                    result_seen: false,
+                    notifs: 0,
+                };
+                (e, op)
+            } else {
+                let e = opcode::Send::new(Fd(fd), rest.as_ptr(), len)
+                    .flags(flags)
+                    .build();
+                (e, Op::Send { conn: id })
+            }
+        };
+        let ud = self.push(entry, op);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.send = Some(ud);
+        }
+    }
+
+    fn on_sent(&mut self, id: u64, res: i32) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.send = None;
+        if c.closing.as_ref().is_some_and(|cl| cl.shut) {
+            return;
+        }
+        if res < 0 {
+            let detail = format!("send: {}", io::Error::from_raw_os_error(-res));
+            inbound::on_lost(&c.matcher, detail);
+            if let Some(cl) = c.closing.as_mut() {
+                cl.depart = None;
+            }
+            self.shut(id);
+            return;
+        }
+        let Some(cur) = c.cur.as_mut() else { return };
+        cur.off += res as usize;
+        if cur.off < cur.frame.len() {
+            self.pump_send(id);
+            return;
+        }
+        let Some(mut done) = c.cur.take() else { return };
+        if let Some(slot) = done.slot.take() {
+            self.slots.give(slot);
+        }
+        let was_depart = done.depart;
+        if let Some(credit) = done.frame.credit.take() {
+            c.matcher.release(credit);
+        }
+        if was_depart {
+            self.shut(id);
+        } else if c.closing.is_some() {
+            self.advance_close(id);
+        } else {
+            self.pump_send(id);
+        }
+    }
+
+    fn begin_close(&mut self, id: u64, depart: Option<Bytes>) {
+        let deadline = Instant::now() + self.depart_timeout;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.closing.is_some() {
+            return;
+        }
+        c.closing = Some(Closing {
+            depart,
+            deadline,
+            shut: false,
+        });
+        for frame in c.queue.drain(..) {
+            release(&c.matcher, frame);
+        }
+        if let Some(ud) = c.recv {
+            let e = opcode::AsyncCancel2::new(CancelBuilder::user_data(ud)).build();
+            self.push(e, Op::Cancel);
+        }
+        self.advance_close(id);
+    }
+
+    /// Moves a closing connection on: finish the frame on the wire, send the departure,
+    /// then shut.
+    fn advance_close(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let Some(closing) = c.closing.as_mut() else {
+            return;
+        };
+        if closing.shut || c.send.is_some() {
+            return;
+        }
+        if c.cur.is_some() {
+            // A frame is part-way out: finish it so the departure lands on a boundary.
+            self.pump_send(id);
+            return;
+        }
+        match closing.depart.take() {
+            Some(depart) => {
+                c.cur = Some(Sending {
+                    frame: OutFrame {
+                        head: BytesMut::from(&depart[..]),
+                        payload: Bytes::new(),
+                        credit: None,
+                    },
+                    off: 0,
+                    slot: None,
+                    depart: true,
+                });
+                self.pump_send(id);
+            }
+            None => self.shut(id),
+        }
+    }
+
+    /// Principle 1: `shutdown(SHUT_RDWR)` reaches the peer whoever else holds the
+    /// descriptor; then cancel whatever is still in flight and close once it retires.
+    fn shut(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        match c.closing.as_mut() {
+            Some(cl) if cl.shut => return,
+            Some(cl) => cl.shut = true,
+            None => {
+                c.closing = Some(Closing {
+                    depart: None,
+                    deadline: Instant::now(),
+                    shut: true,
+                })
+            }
+        }
+        socket::shutdown_of(&c.fd);
+        let fd = c.fd.as_raw_fd();
+        if c.inflight > 0 {
+            let e = opcode::AsyncCancel2::new(CancelBuilder::fd(Fd(fd)).all()).build();
+            self.push(e, Op::Cancel);
+        }
+        self.maybe_reap(id);
+    }
+
+    fn maybe_reap(&mut self, id: u64) {
+        let reap = self
+            .conns
+            .get(&id)
+            .is_some_and(|c| c.inflight == 0 && c.closing.as_ref().is_some_and(|cl| cl.shut));
+        if reap {
+            if let Some(mut c) = self.conns.remove(&id) {
+                if let Some(mut cur) = c.cur.take() {
+                    if let Some(slot) = cur.slot.take() {
+                        self.slots.give(slot);
+                    }
+                    release(&c.matcher, cur.frame);
+                }
+                for frame in c.queue.drain(..) {
+                    release(&c.matcher, frame);
+                }
+                inbound::on_lost(&c.matcher, "connection closed".into());
+                tracing::trace!(fd = c.fd.as_fd().as_raw_fd(), "io_uring connection closed");
+            }
+        }
+    }
+}
+
+fn op_conn(op: &Op) -> Option<u64> {
+    match op {
+        Op::RecvSlot { conn, .. }
+        | Op::RecvInto { conn }
+        | Op::Send { conn }
+        | Op::SendZc { conn, .. } => Some(*conn),
+        Op::Wake | Op::Cancel => None,
+    }
+}
+
+fn release(matcher: &Matcher, mut frame: OutFrame) {
+    if let Some(credit) = frame.credit.take() {
+        matcher.release(credit);
+    }
+}
+
+/// Whether this kernel lets us set up a ring (for tests that need one).
+pub(crate) fn available() -> bool {
+    IoUring::<squeue::Entry, cqueue::Entry>::new(4).is_ok()
+}
