@@ -241,6 +241,22 @@ impl TcpConnection {
         self.addr
     }
 
+    /// The raw socket and any bytes read past the handshake, for callers that speak the
+    /// wire themselves (tests, tools). The caller owns the close (`shutdown` first).
+    pub fn into_stream(self) -> Result<(std::net::TcpStream, bytes::BytesMut), TransportError> {
+        let TcpConnection {
+            stream,
+            mut greeted,
+            ..
+        } = self;
+        let std = stream
+            .into_std()
+            .map_err(TransportError::io("detach socket from tokio"))?;
+        std.set_nonblocking(false)
+            .map_err(TransportError::io("set blocking"))?;
+        Ok((std, greeted.decoder.buffer().split()))
+    }
+
     /// Turns the connection into the data link to its peer, on the transport's backend.
     pub fn into_link(self) -> Result<TcpLink, TransportError> {
         let TcpConnection {

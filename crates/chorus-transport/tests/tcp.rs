@@ -1,0 +1,516 @@
+//! The TCP suite, run against both backends (io_uring and epoll) by `backend_suite!`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chorus_engine::link::{CancelReason, Link, LinkError};
+use chorus_protocol::message::{Depart, Message, Reject, Role};
+use chorus_protocol::{CloseCode, Rank};
+use chorus_transport::tcp::uring_available;
+use chorus_transport::{
+    Backend, BackendKind, JobSecret, TcpLink, TcpListener, TcpTransport, TransportConfig,
+    TransportError, admit_all, handshake, wire,
+};
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn config(backend: Backend) -> TransportConfig {
+    TransportConfig {
+        backend,
+        handshake_timeout: Duration::from_millis(500),
+        connect_timeout: Duration::from_secs(5),
+        ..TransportConfig::default()
+    }
+}
+
+/// A transport on `backend`, or `None` (saying why) when this kernel refuses io_uring.
+fn transport(backend: Backend, cfg: Option<TransportConfig>) -> Option<(TcpTransport, JobSecret)> {
+    if backend == Backend::Uring && !uring_available() {
+        eprintln!("skipped: io_uring_setup is refused on this machine; the epoll run covers the logic");
+        return None;
+    }
+    let secret = JobSecret::generate();
+    let cfg = cfg.unwrap_or_else(|| config(backend));
+    let t = TcpTransport::new(cfg, secret.clone()).unwrap();
+    Some((t, secret))
+}
+
+async fn listener(t: &TcpTransport) -> TcpListener {
+    t.listen("127.0.0.1:0".parse().unwrap(), admit_all(Rank(0)))
+        .await
+        .unwrap()
+}
+
+/// Two linked ends: (rank 1's link to rank 0, rank 0's link to rank 1).
+async fn pair(t: &TcpTransport, l: &mut TcpListener) -> (TcpLink, TcpLink) {
+    let addr = l.local_addr();
+    let (c, a) = tokio::join!(t.connect(addr, Role::Data, route(1), Rank(0)), l.accept(WAIT));
+    (c.unwrap().into_link().unwrap(), a.unwrap().into_link().unwrap())
+}
+
+/// Rank 1's link to rank 0 and rank 0's raw socket (the observer).
+async fn link_and_raw(t: &TcpTransport, l: &mut TcpListener) -> (TcpLink, RawPeer) {
+    let addr = l.local_addr();
+    let (c, a) = tokio::join!(t.connect(addr, Role::Data, route(1), Rank(0)), l.accept(WAIT));
+    let (stream, leftover) = a.unwrap().into_stream().unwrap();
+    (c.unwrap().into_link().unwrap(), RawPeer::new(stream, leftover))
+}
+
+async fn transfer(a: &TcpLink, b: &TcpLink, op: u64, len: usize) {
+    let payload = pattern(len, op as u8);
+    let (s, r) = tokio::join!(a.send(tag(op, 0), payload.clone()), b.recv(tag(op, 0)));
+    s.unwrap();
+    assert!(r.unwrap() == payload, "payload of {len} bytes corrupted");
+}
+
+fn departed(seen: Seen) -> (CloseCode, String) {
+    match seen {
+        Seen::Frame(f) => match f.message {
+            Message::Depart(Depart { code, detail }) => (code, detail),
+            other => panic!("expected a departure, got {other:?}"),
+        },
+        other => panic!("expected a departure, got {other:?}"),
+    }
+}
+
+fn rejected(seen: Seen) -> CloseCode {
+    match seen {
+        Seen::Frame(f) => match f.message {
+            Message::Reject(Reject { code, .. }) => code,
+            other => panic!("expected a reject, got {other:?}"),
+        },
+        other => panic!("expected a reject, got {other:?}"),
+    }
+}
+
+mod suite {
+    use super::*;
+
+    pub(crate) async fn round_trip(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else { return };
+        let mut l = listener(&t).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let expected = match backend {
+            Backend::Uring => BackendKind::Uring,
+            _ => BackendKind::Epoll,
+        };
+        assert_eq!(a.backend(), expected);
+        for (i, len) in [0, 1, 100, 65_536 - 64, 65_536, 300_000, 4 << 20, 16 << 20]
+            .into_iter()
+            .enumerate()
+        {
+            transfer(&a, &b, i as u64, len).await;
+            transfer(&b, &a, 100 + i as u64, len).await;
+        }
+        // Early arrivals are held and matched by (op, step), in order within a tag.
+        for step in 0..10 {
+            a.send(tag(500, step), pattern(1000, step as u8)).await.unwrap();
+        }
+        for step in (0..10).rev() {
+            assert_eq!(b.recv(tag(500, step)).await.unwrap(), pattern(1000, step as u8));
+        }
+    }
+
+    pub(crate) async fn mismatched_collective_is_named(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else { return };
+        let mut l = listener(&t).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let mut other = tag(1, 0);
+        other.collective = chorus_protocol::Collective::Broadcast;
+        a.send(other, Bytes::from_static(b"x")).await.unwrap();
+        let err = b.recv(tag(1, 0)).await.unwrap_err();
+        assert_eq!(err, LinkError::TagMismatch { expected: tag(1, 0), got: other });
+    }
+
+    pub(crate) async fn cancel_is_local_immediate_and_the_peer_sees_the_code(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else { return };
+        let mut l = listener(&t).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let peer_recv = b.recv(tag(9, 0));
+        let mut pending = pin!(a.recv(tag(7, 0)));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(pending.as_mut().poll(&mut cx).is_pending());
+        let reason = CancelReason::new(CloseCode::ABORTED, "test abort");
+        let t0 = Instant::now();
+        a.cancel(reason.clone());
+        // Failed synchronously inside cancel(): no executor round trip, no peer involved.
+        let Poll::Ready(r) = pending.as_mut().poll(&mut cx) else {
+            panic!("pending recv still pending after cancel");
+        };
+        assert!(t0.elapsed() < Duration::from_millis(5), "{:?}", t0.elapsed());
+        assert_eq!(r, Err(LinkError::Cancelled(reason.clone())));
+        assert_eq!(a.send(tag(8, 0), Bytes::new()).await, Err(LinkError::Cancelled(reason.clone())));
+        a.cancel(CancelReason::new(CloseCode::LEFT, "second"));
+        assert_eq!(a.failure(), Some(LinkError::Cancelled(reason)));
+        let seen = tokio::time::timeout(WAIT, peer_recv).await.unwrap();
+        assert_eq!(
+            seen,
+            Err(LinkError::PeerDeparted { code: CloseCode::ABORTED, detail: "test abort".into() })
+        );
+    }
+
+    /// Seed 000: a forked child holds every descriptor; the parent cancels; the peer sees
+    /// the departure and the connection-level close (EOF) promptly anyway.
+    pub(crate) async fn seed_000_departure_reaches_the_peer_despite_a_forked_holder(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else { return };
+        let mut l = listener(&t).await;
+        let (a, mut raw) = link_and_raw(&t, &mut l).await;
+        a.send(tag(1, 0), pattern(1000, 1)).await.unwrap();
+        let holder = fork_holder();
+        let observer = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let depart = raw.next_control(WAIT);
+            let at_depart = t0.elapsed();
+            let eof = raw.next(WAIT);
+            (depart, at_depart, eof, t0.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let t0 = Instant::now();
+        a.cancel(CancelReason::new(CloseCode::ABORTED, "seed 000"));
+        let (depart, _, eof, _) = tokio::task::spawn_blocking(move || observer.join().unwrap())
+            .await
+            .unwrap();
+        let observed = t0.elapsed();
+        assert!(holder.alive(), "the forked holder must still hold the descriptor");
+        assert_eq!(departed(depart), (CloseCode::ABORTED, "seed 000".into()));
+        assert!(matches!(eof, Seen::Eof | Seen::Reset), "no connection-level close: {eof:?}");
+        // The feature's bound is 50 ms; typical is well under 1 ms.
+        assert!(observed < Duration::from_millis(50), "peer saw the close after {observed:?}");
+        drop(holder);
+    }
+
+    pub(crate) async fn sigkilled_peer_fails_pending_ops_with_connection_lost(backend: Backend) {
+        let Some((t, secret)) = transport(backend, None) else { return };
+        let mut l = listener(&t).await;
+        let addr = l.local_addr();
+        let mut child = spawn_peer(addr, backend, &secret);
+        let link = l.accept(WAIT).await.unwrap().into_link().unwrap();
+        let pending = link.recv(tag(1, 0));
+        // SAFETY: killing our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        let r = tokio::time::timeout(WAIT, pending).await.expect("pending recv never failed");
+        assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
+        reap(&mut child);
+    }
+
+    pub(crate) async fn bad_peers_are_refused_with_their_code_while_good_ones_transfer(backend: Backend) {
+        let Some((t, secret)) = transport(backend, None) else { return };
+        let mut l = listener(&t).await;
+        let addr = l.local_addr();
+        let good_hello = wire::encode(
+            route(1),
+            0,
+            &Message::Hello(handshake::hello(&secret, Role::Data, route(1))),
+        )
+        .unwrap();
+        let mut bad_magic = good_hello.to_vec();
+        bad_magic[..4].copy_from_slice(b"NCCL");
+        let mut bad_version = good_hello.to_vec();
+        bad_version[4] = 0x7f;
+        let bad_secret = wire::encode(
+            route(1),
+            0,
+            &Message::Hello(handshake::hello(&JobSecret::generate(), Role::Data, route(1))),
+        )
+        .unwrap()
+        .to_vec();
+        let mut oversize = good_hello.to_vec();
+        oversize[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+        let mut garbage_body = good_hello.to_vec();
+        for b in &mut garbage_body[wire::HEADER_LEN..] {
+            *b = 0xa5;
+        }
+        let garbage: Vec<u8> = (0..200u32).map(|i| (i * 7919 % 251) as u8).collect();
+        let cases = [
+            ("wrong magic", bad_magic, CloseCode::PROTOCOL_VIOLATION),
+            ("wrong version", bad_version, CloseCode::VERSION_MISMATCH),
+            ("wrong secret", bad_secret, CloseCode::AUTH_FAILED),
+            ("oversize length", oversize, CloseCode::PROTOCOL_VIOLATION),
+            ("garbage body", garbage_body, CloseCode::PROTOCOL_VIOLATION),
+            ("garbage", garbage, CloseCode::PROTOCOL_VIOLATION),
+        ];
+        let bad = std::thread::spawn(move || {
+            for (name, bytes, code) in cases {
+                let mut raw = RawPeer::connect(addr);
+                raw.send(&bytes);
+                let got = rejected(raw.next(WAIT));
+                assert_eq!(got, code, "{name}");
+                let end = raw.next(WAIT);
+                assert!(matches!(end, Seen::Eof | Seen::Reset), "{name}: not closed: {end:?}");
+            }
+        });
+        // A silent half-open connection is closed at the handshake deadline.
+        let silent = std::thread::spawn(move || {
+            let mut raw = RawPeer::connect(addr);
+            let t0 = Instant::now();
+            let code = rejected(raw.next(WAIT));
+            (code, raw.next(WAIT), t0.elapsed())
+        });
+        // Meanwhile, legitimate peers connect and transfer intact.
+        let (a, b) = pair(&t, &mut l).await;
+        for op in 0..8 {
+            transfer(&a, &b, op, 1 << 20).await;
+        }
+        tokio::task::spawn_blocking(move || bad.join().unwrap()).await.unwrap();
+        let (code, end, waited) =
+            tokio::task::spawn_blocking(move || silent.join().unwrap()).await.unwrap();
+        assert_eq!(code, CloseCode::DEADLINE);
+        assert!(matches!(end, Seen::Eof | Seen::Reset));
+        assert!(waited >= Duration::from_millis(400) && waited < Duration::from_secs(5), "{waited:?}");
+        let (c, d) = pair(&t, &mut l).await;
+        transfer(&c, &d, 99, 3 << 20).await;
+        transfer(&a, &b, 98, 3 << 20).await;
+    }
+
+    /// An authenticated peer announcing a 4 GiB frame costs nothing: the link closes with
+    /// a protocol violation before allocating.
+    pub(crate) async fn a_lying_length_is_a_violation_not_an_allocation(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else { return };
+        let mut l = listener(&t).await;
+        let addr = l.local_addr();
+        let (c, a) = tokio::join!(t.connect(addr, Role::Data, route(1), Rank(0)), l.accept(WAIT));
+        let link = a.unwrap().into_link().unwrap();
+        let (stream, leftover) = c.unwrap().into_stream().unwrap();
+        let mut raw = RawPeer::new(stream, leftover);
+        let pending = link.recv(tag(1, 0));
+        let header = chorus_protocol::message::ChunkHeader {
+            collective: 0,
+            dtype: 5,
+            op: chorus_protocol::OpSeq(1),
+            step: 0,
+            offset: 0,
+        };
+        let mut frame = wire::encode_chunk_prefix(route(1), 1, &header, 0).unwrap();
+        frame[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+        raw.send(&frame);
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        assert!(
+            matches!(r, Err(LinkError::Protocol { code: CloseCode::PROTOCOL_VIOLATION, .. })),
+            "{r:?}"
+        );
+        let (code, _) = departed(raw.next_control(WAIT));
+        assert_eq!(code, CloseCode::PROTOCOL_VIOLATION);
+    }
+
+    pub(crate) async fn unclaimed_data_past_the_bound_overflows(backend: Backend) {
+        let cfg = TransportConfig { held_limit: 1 << 20, ..config(backend) };
+        let Some((t, _)) = transport(backend, Some(cfg)) else { return };
+        let mut l = listener(&t).await;
+        let (a, b) = pair(&t, &mut l).await;
+        for step in 0..3 {
+            // The last may already see the peer's departure: that is the point.
+            let _ = a.send(tag(1, step), pattern(600_000, 0)).await;
+        }
+        let r = tokio::time::timeout(WAIT, b.recv(tag(2, 0))).await.unwrap();
+        assert!(matches!(r, Err(LinkError::Overflow { limit: 1_048_576, .. })), "{r:?}");
+        let r = tokio::time::timeout(WAIT, a.recv(tag(3, 0))).await.unwrap();
+        assert!(
+            matches!(r, Err(LinkError::PeerDeparted { code: CloseCode::PROTOCOL_VIOLATION, .. })),
+            "{r:?}"
+        );
+    }
+
+    /// Cancel while a large send is part-way out to a peer that does not read: ops fail at
+    /// once, the connection is shut within the departure budget, and teardown is bounded.
+    pub(crate) async fn cancel_mid_frame_is_bounded(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else { return };
+        let mut l = listener(&t).await;
+        let (a, mut raw) = link_and_raw(&t, &mut l).await;
+        let big = pattern(64 << 20, 3);
+        a.send(tag(1, 0), big.clone()).await.unwrap();
+        let blocked = a.send(tag(1, 1), big);
+        let pending = a.recv(tag(2, 0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let t0 = Instant::now();
+        a.cancel(CancelReason::new(CloseCode::ABORTED, "mid-frame"));
+        let (s, r) = tokio::join!(blocked, pending);
+        assert!(t0.elapsed() < Duration::from_millis(50));
+        assert!(matches!(s, Err(LinkError::Cancelled(_))), "{s:?}");
+        assert!(matches!(r, Err(LinkError::Cancelled(_))));
+        // The observer drains what was written, then sees the close (no departure: it
+        // could not land on a frame boundary).
+        let end = tokio::task::spawn_blocking(move || raw.next_control(WAIT)).await.unwrap();
+        assert!(matches!(end, Seen::Eof | Seen::Reset), "{end:?}");
+        drop(a);
+        let t1 = Instant::now();
+        drop(l);
+        drop(t);
+        assert!(t1.elapsed() < Duration::from_secs(5));
+    }
+}
+
+/// Starts this test binary again as a peer process that connects to `addr` and sleeps.
+fn spawn_peer(addr: SocketAddr, backend: Backend, secret: &JobSecret) -> std::process::Child {
+    let hex: String = secret.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .env("CHORUS_TEST_SECRET", hex)
+        .args(["--exact", "peer_process_entry", "--nocapture", "--test-threads=1"])
+        .env("CHORUS_TEST_PEER", addr.to_string())
+        .env("CHORUS_TEST_BACKEND", format!("{backend:?}"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn reap(child: &mut std::process::Child) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    panic!("peer process not reaped within 5 s");
+}
+
+/// The peer process of `sigkilled_peer_*` (a no-op in a normal test run).
+#[test]
+fn peer_process_entry() {
+    let Ok(addr) = std::env::var("CHORUS_TEST_PEER") else { return };
+    let backend = match std::env::var("CHORUS_TEST_BACKEND").as_deref() {
+        Ok("Uring") => Backend::Uring,
+        _ => Backend::Epoll,
+    };
+    let secret = JobSecret::from_bytes(secret_from_env());
+    let t = TcpTransport::new(config(backend), secret).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let conn = t
+            .connect(addr.parse().unwrap(), Role::Data, route(1), Rank(0))
+            .await
+            .unwrap();
+        let link = conn.into_link().unwrap();
+        // Hold the link until SIGKILLed (bounded, in case the parent died first).
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(link);
+    });
+}
+
+fn secret_from_env() -> [u8; 32] {
+    let hex = std::env::var("CHORUS_TEST_SECRET").unwrap_or_default();
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16).unwrap_or(0);
+    }
+    out
+}
+
+macro_rules! backend_suite {
+    ($($name:ident => $backend:expr),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn round_trip() { suite::round_trip($backend).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mismatched_collective_is_named() { suite::mismatched_collective_is_named($backend).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cancel_is_local_immediate_and_the_peer_sees_the_code() {
+                suite::cancel_is_local_immediate_and_the_peer_sees_the_code($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn seed_000_departure_reaches_the_peer_despite_a_forked_holder() {
+                suite::seed_000_departure_reaches_the_peer_despite_a_forked_holder($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sigkilled_peer_fails_pending_ops_with_connection_lost() {
+                suite::sigkilled_peer_fails_pending_ops_with_connection_lost($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn bad_peers_are_refused_with_their_code_while_good_ones_transfer() {
+                suite::bad_peers_are_refused_with_their_code_while_good_ones_transfer($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_lying_length_is_a_violation_not_an_allocation() {
+                suite::a_lying_length_is_a_violation_not_an_allocation($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn unclaimed_data_past_the_bound_overflows() {
+                suite::unclaimed_data_past_the_bound_overflows($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cancel_mid_frame_is_bounded() { suite::cancel_mid_frame_is_bounded($backend).await }
+        }
+    )*};
+}
+
+backend_suite!(uring => Backend::Uring, epoll => Backend::Epoll);
+
+/// Seed 000's mechanism, shown at the socket level: with a forked duplicate, a plain
+/// `close()` produces nothing the peer can see; only the duplicate's death does. This is
+/// why every chorus close is `shutdown` first.
+#[test]
+fn seed_000_plain_close_is_invisible_to_the_peer_while_a_fork_holds_the_socket() {
+    use std::os::fd::IntoRawFd;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, _) = listener.accept().unwrap();
+    let mut observer = RawPeer::new(server, bytes::BytesMut::new());
+    let holder = fork_holder();
+    let fd = client.into_raw_fd();
+    // SAFETY: we own fd; this is the close() of NCCL 2.17.
+    unsafe { libc::close(fd) };
+    assert_eq!(observer.next(Duration::from_millis(300)), Seen::Nothing, "close() was seen");
+    drop(holder); // the last reference dies: now the kernel closes the connection
+    let end = observer.next(WAIT);
+    assert!(matches!(end, Seen::Eof | Seen::Reset), "{end:?}");
+}
+
+#[test]
+fn auto_falls_back_to_epoll_when_io_uring_setup_is_refused() {
+    // Zero entries makes the kernel refuse io_uring_setup (EINVAL), like seccomp would.
+    let cfg = TransportConfig { uring_entries: 0, backend: Backend::Auto, ..config(Backend::Auto) };
+    let t = TcpTransport::new(cfg.clone(), JobSecret::generate()).unwrap();
+    assert_eq!(t.backend(), BackendKind::Epoll);
+    let forced = TcpTransport::new(TransportConfig { backend: Backend::Uring, ..cfg }, JobSecret::generate());
+    assert!(matches!(forced, Err(TransportError::UringUnavailable(_))));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut l = listener(&t).await;
+        let (a, b) = pair(&t, &mut l).await;
+        transfer(&a, &b, 1, 1 << 20).await;
+    });
+}
+
+#[test]
+fn connect_retries_with_backoff_until_its_deadline() {
+    let t = TcpTransport::new(
+        TransportConfig { connect_timeout: Duration::from_millis(300), ..config(Backend::Epoll) },
+        JobSecret::generate(),
+    )
+    .unwrap();
+    // A port that was just free: nothing listens there.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let t0 = Instant::now();
+    let err = rt.block_on(t.connect(addr, Role::Data, route(1), Rank(0))).unwrap_err();
+    assert!(matches!(err, TransportError::ConnectTimeout { attempts, .. } if attempts > 1), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn every_socket_is_close_on_exec() {
+    let Some((t, _)) = transport(Backend::Epoll, None) else { return };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut l = listener(&t).await;
+        let (_a, _b) = pair(&t, &mut l).await;
+        for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+            let entry = entry.unwrap();
+            let Ok(target) = std::fs::read_link(entry.path()) else { continue };
+            if !target.to_string_lossy().starts_with("socket:") {
+                continue;
+            }
+            let fd: i32 = entry.file_name().to_string_lossy().parse().unwrap();
+            // SAFETY: F_GETFD only reads descriptor flags.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+            assert!(flags < 0 || flags & libc::FD_CLOEXEC != 0, "socket fd {fd} lacks CLOEXEC");
+        }
+    });
+}
