@@ -25,6 +25,7 @@ pub use config::{Backend, Backoff, Liveness, TransportConfig};
 pub use error::TransportError;
 pub use greeting::{Admission, admit_all};
 pub use identity::{Fingerprint, Identity};
+pub use quic::{ControlChannel, QuicConnection, QuicEndpoint, QuicLink};
 pub use secret::JobSecret;
 pub use tcp::{BackendKind, TcpConnection, TcpLink, TcpListener, TcpTransport};
 pub use wire::Route;

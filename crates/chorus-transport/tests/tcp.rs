@@ -32,7 +32,9 @@ fn config(backend: Backend) -> TransportConfig {
 /// A transport on `backend`, or `None` (saying why) when this kernel refuses io_uring.
 fn transport(backend: Backend, cfg: Option<TransportConfig>) -> Option<(TcpTransport, JobSecret)> {
     if backend == Backend::Uring && !uring_available() {
-        eprintln!("skipped: io_uring_setup is refused on this machine; the epoll run covers the logic");
+        eprintln!(
+            "skipped: io_uring_setup is refused on this machine; the epoll run covers the logic"
+        );
         return None;
     }
     let secret = JobSecret::generate();
@@ -50,16 +52,28 @@ async fn listener(t: &TcpTransport) -> TcpListener {
 /// Two linked ends: (rank 1's link to rank 0, rank 0's link to rank 1).
 async fn pair(t: &TcpTransport, l: &mut TcpListener) -> (TcpLink, TcpLink) {
     let addr = l.local_addr();
-    let (c, a) = tokio::join!(t.connect(addr, Role::Data, route(1), Rank(0)), l.accept(WAIT));
-    (c.unwrap().into_link().unwrap(), a.unwrap().into_link().unwrap())
+    let (c, a) = tokio::join!(
+        t.connect(addr, Role::Data, route(1), Rank(0)),
+        l.accept(WAIT)
+    );
+    (
+        c.unwrap().into_link().unwrap(),
+        a.unwrap().into_link().unwrap(),
+    )
 }
 
 /// Rank 1's link to rank 0 and rank 0's raw socket (the observer).
 async fn link_and_raw(t: &TcpTransport, l: &mut TcpListener) -> (TcpLink, RawPeer) {
     let addr = l.local_addr();
-    let (c, a) = tokio::join!(t.connect(addr, Role::Data, route(1), Rank(0)), l.accept(WAIT));
+    let (c, a) = tokio::join!(
+        t.connect(addr, Role::Data, route(1), Rank(0)),
+        l.accept(WAIT)
+    );
     let (stream, leftover) = a.unwrap().into_stream().unwrap();
-    (c.unwrap().into_link().unwrap(), RawPeer::new(stream, leftover))
+    (
+        c.unwrap().into_link().unwrap(),
+        RawPeer::new(stream, leftover),
+    )
 }
 
 async fn transfer(a: &TcpLink, b: &TcpLink, op: u64, len: usize) {
@@ -93,7 +107,9 @@ mod suite {
     use super::*;
 
     pub(crate) async fn round_trip(backend: Backend) {
-        let Some((t, _)) = transport(backend, None) else { return };
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
         let mut l = listener(&t).await;
         let (a, b) = pair(&t, &mut l).await;
         let expected = match backend {
@@ -110,26 +126,41 @@ mod suite {
         }
         // Early arrivals are held and matched by (op, step), in order within a tag.
         for step in 0..10 {
-            a.send(tag(500, step), pattern(1000, step as u8)).await.unwrap();
+            a.send(tag(500, step), pattern(1000, step as u8))
+                .await
+                .unwrap();
         }
         for step in (0..10).rev() {
-            assert_eq!(b.recv(tag(500, step)).await.unwrap(), pattern(1000, step as u8));
+            assert_eq!(
+                b.recv(tag(500, step)).await.unwrap(),
+                pattern(1000, step as u8)
+            );
         }
     }
 
     pub(crate) async fn mismatched_collective_is_named(backend: Backend) {
-        let Some((t, _)) = transport(backend, None) else { return };
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
         let mut l = listener(&t).await;
         let (a, b) = pair(&t, &mut l).await;
         let mut other = tag(1, 0);
         other.collective = chorus_protocol::Collective::Broadcast;
         a.send(other, Bytes::from_static(b"x")).await.unwrap();
         let err = b.recv(tag(1, 0)).await.unwrap_err();
-        assert_eq!(err, LinkError::TagMismatch { expected: tag(1, 0), got: other });
+        assert_eq!(
+            err,
+            LinkError::TagMismatch {
+                expected: tag(1, 0),
+                got: other
+            }
+        );
     }
 
     pub(crate) async fn cancel_is_local_immediate_and_the_peer_sees_the_code(backend: Backend) {
-        let Some((t, _)) = transport(backend, None) else { return };
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
         let mut l = listener(&t).await;
         let (a, b) = pair(&t, &mut l).await;
         let peer_recv = b.recv(tag(9, 0));
@@ -143,22 +174,36 @@ mod suite {
         let Poll::Ready(r) = pending.as_mut().poll(&mut cx) else {
             panic!("pending recv still pending after cancel");
         };
-        assert!(t0.elapsed() < Duration::from_millis(5), "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() < Duration::from_millis(5),
+            "{:?}",
+            t0.elapsed()
+        );
         assert_eq!(r, Err(LinkError::Cancelled(reason.clone())));
-        assert_eq!(a.send(tag(8, 0), Bytes::new()).await, Err(LinkError::Cancelled(reason.clone())));
+        assert_eq!(
+            a.send(tag(8, 0), Bytes::new()).await,
+            Err(LinkError::Cancelled(reason.clone()))
+        );
         a.cancel(CancelReason::new(CloseCode::LEFT, "second"));
         assert_eq!(a.failure(), Some(LinkError::Cancelled(reason)));
         let seen = tokio::time::timeout(WAIT, peer_recv).await.unwrap();
         assert_eq!(
             seen,
-            Err(LinkError::PeerDeparted { code: CloseCode::ABORTED, detail: "test abort".into() })
+            Err(LinkError::PeerDeparted {
+                code: CloseCode::ABORTED,
+                detail: "test abort".into()
+            })
         );
     }
 
     /// Seed 000: a forked child holds every descriptor; the parent cancels; the peer sees
     /// the departure and the connection-level close (EOF) promptly anyway.
-    pub(crate) async fn seed_000_departure_reaches_the_peer_despite_a_forked_holder(backend: Backend) {
-        let Some((t, _)) = transport(backend, None) else { return };
+    pub(crate) async fn seed_000_departure_reaches_the_peer_despite_a_forked_holder(
+        backend: Backend,
+    ) {
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
         let mut l = listener(&t).await;
         let (a, mut raw) = link_and_raw(&t, &mut l).await;
         a.send(tag(1, 0), pattern(1000, 1)).await.unwrap();
@@ -177,16 +222,27 @@ mod suite {
             .await
             .unwrap();
         let observed = t0.elapsed();
-        assert!(holder.alive(), "the forked holder must still hold the descriptor");
+        assert!(
+            holder.alive(),
+            "the forked holder must still hold the descriptor"
+        );
         assert_eq!(departed(depart), (CloseCode::ABORTED, "seed 000".into()));
-        assert!(matches!(eof, Seen::Eof | Seen::Reset), "no connection-level close: {eof:?}");
+        assert!(
+            matches!(eof, Seen::Eof | Seen::Reset),
+            "no connection-level close: {eof:?}"
+        );
         // The feature's bound is 50 ms; typical is well under 1 ms.
-        assert!(observed < Duration::from_millis(50), "peer saw the close after {observed:?}");
+        assert!(
+            observed < Duration::from_millis(50),
+            "peer saw the close after {observed:?}"
+        );
         drop(holder);
     }
 
     pub(crate) async fn sigkilled_peer_fails_pending_ops_with_connection_lost(backend: Backend) {
-        let Some((t, secret)) = transport(backend, None) else { return };
+        let Some((t, secret)) = transport(backend, None) else {
+            return;
+        };
         let mut l = listener(&t).await;
         let addr = l.local_addr();
         let mut child = spawn_peer(addr, backend, &secret);
@@ -194,13 +250,19 @@ mod suite {
         let pending = link.recv(tag(1, 0));
         // SAFETY: killing our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-        let r = tokio::time::timeout(WAIT, pending).await.expect("pending recv never failed");
+        let r = tokio::time::timeout(WAIT, pending)
+            .await
+            .expect("pending recv never failed");
         assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
         reap(&mut child);
     }
 
-    pub(crate) async fn bad_peers_are_refused_with_their_code_while_good_ones_transfer(backend: Backend) {
-        let Some((t, secret)) = transport(backend, None) else { return };
+    pub(crate) async fn bad_peers_are_refused_with_their_code_while_good_ones_transfer(
+        backend: Backend,
+    ) {
+        let Some((t, secret)) = transport(backend, None) else {
+            return;
+        };
         let mut l = listener(&t).await;
         let addr = l.local_addr();
         let good_hello = wire::encode(
@@ -216,7 +278,11 @@ mod suite {
         let bad_secret = wire::encode(
             route(1),
             0,
-            &Message::Hello(handshake::hello(&JobSecret::generate(), Role::Data, route(1))),
+            &Message::Hello(handshake::hello(
+                &JobSecret::generate(),
+                Role::Data,
+                route(1),
+            )),
         )
         .unwrap()
         .to_vec();
@@ -242,7 +308,10 @@ mod suite {
                 let got = rejected(raw.next(WAIT));
                 assert_eq!(got, code, "{name}");
                 let end = raw.next(WAIT);
-                assert!(matches!(end, Seen::Eof | Seen::Reset), "{name}: not closed: {end:?}");
+                assert!(
+                    matches!(end, Seen::Eof | Seen::Reset),
+                    "{name}: not closed: {end:?}"
+                );
             }
         });
         // A silent half-open connection is closed at the handshake deadline.
@@ -257,12 +326,18 @@ mod suite {
         for op in 0..8 {
             transfer(&a, &b, op, 1 << 20).await;
         }
-        tokio::task::spawn_blocking(move || bad.join().unwrap()).await.unwrap();
-        let (code, end, waited) =
-            tokio::task::spawn_blocking(move || silent.join().unwrap()).await.unwrap();
+        tokio::task::spawn_blocking(move || bad.join().unwrap())
+            .await
+            .unwrap();
+        let (code, end, waited) = tokio::task::spawn_blocking(move || silent.join().unwrap())
+            .await
+            .unwrap();
         assert_eq!(code, CloseCode::DEADLINE);
         assert!(matches!(end, Seen::Eof | Seen::Reset));
-        assert!(waited >= Duration::from_millis(400) && waited < Duration::from_secs(5), "{waited:?}");
+        assert!(
+            waited >= Duration::from_millis(400) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
         let (c, d) = pair(&t, &mut l).await;
         transfer(&c, &d, 99, 3 << 20).await;
         transfer(&a, &b, 98, 3 << 20).await;
@@ -271,10 +346,15 @@ mod suite {
     /// An authenticated peer announcing a 4 GiB frame costs nothing: the link closes with
     /// a protocol violation before allocating.
     pub(crate) async fn a_lying_length_is_a_violation_not_an_allocation(backend: Backend) {
-        let Some((t, _)) = transport(backend, None) else { return };
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
         let mut l = listener(&t).await;
         let addr = l.local_addr();
-        let (c, a) = tokio::join!(t.connect(addr, Role::Data, route(1), Rank(0)), l.accept(WAIT));
+        let (c, a) = tokio::join!(
+            t.connect(addr, Role::Data, route(1), Rank(0)),
+            l.accept(WAIT)
+        );
         let link = a.unwrap().into_link().unwrap();
         let (stream, leftover) = c.unwrap().into_stream().unwrap();
         let mut raw = RawPeer::new(stream, leftover);
@@ -291,7 +371,13 @@ mod suite {
         raw.send(&frame);
         let r = tokio::time::timeout(WAIT, pending).await.unwrap();
         assert!(
-            matches!(r, Err(LinkError::Protocol { code: CloseCode::PROTOCOL_VIOLATION, .. })),
+            matches!(
+                r,
+                Err(LinkError::Protocol {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    ..
+                })
+            ),
             "{r:?}"
         );
         let (code, _) = departed(raw.next_control(WAIT));
@@ -299,8 +385,13 @@ mod suite {
     }
 
     pub(crate) async fn unclaimed_data_past_the_bound_overflows(backend: Backend) {
-        let cfg = TransportConfig { held_limit: 1 << 20, ..config(backend) };
-        let Some((t, _)) = transport(backend, Some(cfg)) else { return };
+        let cfg = TransportConfig {
+            held_limit: 1 << 20,
+            ..config(backend)
+        };
+        let Some((t, _)) = transport(backend, Some(cfg)) else {
+            return;
+        };
         let mut l = listener(&t).await;
         let (a, b) = pair(&t, &mut l).await;
         for step in 0..3 {
@@ -308,10 +399,25 @@ mod suite {
             let _ = a.send(tag(1, step), pattern(600_000, 0)).await;
         }
         let r = tokio::time::timeout(WAIT, b.recv(tag(2, 0))).await.unwrap();
-        assert!(matches!(r, Err(LinkError::Overflow { limit: 1_048_576, .. })), "{r:?}");
+        assert!(
+            matches!(
+                r,
+                Err(LinkError::Overflow {
+                    limit: 1_048_576,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
         let r = tokio::time::timeout(WAIT, a.recv(tag(3, 0))).await.unwrap();
         assert!(
-            matches!(r, Err(LinkError::PeerDeparted { code: CloseCode::PROTOCOL_VIOLATION, .. })),
+            matches!(
+                r,
+                Err(LinkError::PeerDeparted {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    ..
+                })
+            ),
             "{r:?}"
         );
     }
@@ -319,7 +425,9 @@ mod suite {
     /// Cancel while a large send is part-way out to a peer that does not read: ops fail at
     /// once, the connection is shut within the departure budget, and teardown is bounded.
     pub(crate) async fn cancel_mid_frame_is_bounded(backend: Backend) {
-        let Some((t, _)) = transport(backend, None) else { return };
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
         let mut l = listener(&t).await;
         let (a, mut raw) = link_and_raw(&t, &mut l).await;
         let big = pattern(64 << 20, 3);
@@ -335,7 +443,9 @@ mod suite {
         assert!(matches!(r, Err(LinkError::Cancelled(_))));
         // The observer drains what was written, then sees the close (no departure: it
         // could not land on a frame boundary).
-        let end = tokio::task::spawn_blocking(move || raw.next_control(WAIT)).await.unwrap();
+        let end = tokio::task::spawn_blocking(move || raw.next_control(WAIT))
+            .await
+            .unwrap();
         assert!(matches!(end, Seen::Eof | Seen::Reset), "{end:?}");
         drop(a);
         let t1 = Instant::now();
@@ -347,10 +457,19 @@ mod suite {
 
 /// Starts this test binary again as a peer process that connects to `addr` and sleeps.
 fn spawn_peer(addr: SocketAddr, backend: Backend, secret: &JobSecret) -> std::process::Child {
-    let hex: String = secret.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = secret
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     std::process::Command::new(std::env::current_exe().unwrap())
         .env("CHORUS_TEST_SECRET", hex)
-        .args(["--exact", "peer_process_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "peer_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("CHORUS_TEST_PEER", addr.to_string())
         .env("CHORUS_TEST_BACKEND", format!("{backend:?}"))
         .stdout(std::process::Stdio::null())
@@ -373,14 +492,19 @@ fn reap(child: &mut std::process::Child) {
 /// The peer process of `sigkilled_peer_*` (a no-op in a normal test run).
 #[test]
 fn peer_process_entry() {
-    let Ok(addr) = std::env::var("CHORUS_TEST_PEER") else { return };
+    let Ok(addr) = std::env::var("CHORUS_TEST_PEER") else {
+        return;
+    };
     let backend = match std::env::var("CHORUS_TEST_BACKEND").as_deref() {
         Ok("Uring") => Backend::Uring,
         _ => Backend::Epoll,
     };
     let secret = JobSecret::from_bytes(secret_from_env());
     let t = TcpTransport::new(config(backend), secret).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let conn = t
             .connect(addr.parse().unwrap(), Role::Data, route(1), Rank(0))
@@ -456,7 +580,11 @@ fn seed_000_plain_close_is_invisible_to_the_peer_while_a_fork_holds_the_socket()
     let fd = client.into_raw_fd();
     // SAFETY: we own fd; this is the close() of NCCL 2.17.
     unsafe { libc::close(fd) };
-    assert_eq!(observer.next(Duration::from_millis(300)), Seen::Nothing, "close() was seen");
+    assert_eq!(
+        observer.next(Duration::from_millis(300)),
+        Seen::Nothing,
+        "close() was seen"
+    );
     drop(holder); // the last reference dies: now the kernel closes the connection
     let end = observer.next(WAIT);
     assert!(matches!(end, Seen::Eof | Seen::Reset), "{end:?}");
@@ -465,12 +593,25 @@ fn seed_000_plain_close_is_invisible_to_the_peer_while_a_fork_holds_the_socket()
 #[test]
 fn auto_falls_back_to_epoll_when_io_uring_setup_is_refused() {
     // Zero entries makes the kernel refuse io_uring_setup (EINVAL), like seccomp would.
-    let cfg = TransportConfig { uring_entries: 0, backend: Backend::Auto, ..config(Backend::Auto) };
+    let cfg = TransportConfig {
+        uring_entries: 0,
+        backend: Backend::Auto,
+        ..config(Backend::Auto)
+    };
     let t = TcpTransport::new(cfg.clone(), JobSecret::generate()).unwrap();
     assert_eq!(t.backend(), BackendKind::Epoll);
-    let forced = TcpTransport::new(TransportConfig { backend: Backend::Uring, ..cfg }, JobSecret::generate());
+    let forced = TcpTransport::new(
+        TransportConfig {
+            backend: Backend::Uring,
+            ..cfg
+        },
+        JobSecret::generate(),
+    );
     assert!(matches!(forced, Err(TransportError::UringUnavailable(_))));
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let mut l = listener(&t).await;
         let (a, b) = pair(&t, &mut l).await;
@@ -481,36 +622,60 @@ fn auto_falls_back_to_epoll_when_io_uring_setup_is_refused() {
 #[test]
 fn connect_retries_with_backoff_until_its_deadline() {
     let t = TcpTransport::new(
-        TransportConfig { connect_timeout: Duration::from_millis(300), ..config(Backend::Epoll) },
+        TransportConfig {
+            connect_timeout: Duration::from_millis(300),
+            ..config(Backend::Epoll)
+        },
         JobSecret::generate(),
     )
     .unwrap();
     // A port that was just free: nothing listens there.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let t0 = Instant::now();
-    let err = rt.block_on(t.connect(addr, Role::Data, route(1), Rank(0))).unwrap_err();
-    assert!(matches!(err, TransportError::ConnectTimeout { attempts, .. } if attempts > 1), "{err}");
+    let err = rt
+        .block_on(t.connect(addr, Role::Data, route(1), Rank(0)))
+        .unwrap_err();
+    assert!(
+        matches!(err, TransportError::ConnectTimeout { attempts, .. } if attempts > 1),
+        "{err}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(3));
 }
 
 #[test]
 fn every_socket_is_close_on_exec() {
-    let Some((t, _)) = transport(Backend::Epoll, None) else { return };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let Some((t, _)) = transport(Backend::Epoll, None) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let mut l = listener(&t).await;
         let (_a, _b) = pair(&t, &mut l).await;
         for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
             let entry = entry.unwrap();
-            let Ok(target) = std::fs::read_link(entry.path()) else { continue };
+            let Ok(target) = std::fs::read_link(entry.path()) else {
+                continue;
+            };
             if !target.to_string_lossy().starts_with("socket:") {
                 continue;
             }
             let fd: i32 = entry.file_name().to_string_lossy().parse().unwrap();
             // SAFETY: F_GETFD only reads descriptor flags.
             let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-            assert!(flags < 0 || flags & libc::FD_CLOEXEC != 0, "socket fd {fd} lacks CLOEXEC");
+            assert!(
+                flags < 0 || flags & libc::FD_CLOEXEC != 0,
+                "socket fd {fd} lacks CLOEXEC"
+            );
         }
     });
 }

@@ -132,8 +132,12 @@ impl RawPeer {
             match self.stream.read(&mut buf) {
                 Ok(0) => return Seen::Eof,
                 Ok(n) => self.decoder.buffer().extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => return Seen::Nothing,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    return Seen::Nothing;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Seen::Reset,
                 Err(e) => panic!("observer read: {e}"),
             }
