@@ -21,7 +21,7 @@ pub mod secret;
 pub mod tcp;
 pub mod wire;
 
-pub use config::{Backend, Backoff, Liveness, TransportConfig};
+pub use config::{Backend, Backoff, Liveness, TransportConfig, ZeroCopy};
 pub use error::TransportError;
 pub use greeting::{Admission, admit_all};
 pub use identity::{Fingerprint, Identity};

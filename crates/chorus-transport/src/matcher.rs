@@ -103,18 +103,18 @@ impl Matcher {
                 return Err(LinkError::Cancelled(r.clone()));
             }
             let k = key(&tag);
-            if let Some(q) = st.held.get_mut(&k) {
-                if let Some((got, payload)) = q.pop_front() {
-                    if q.is_empty() {
-                        st.held.remove(&k);
-                    }
-                    st.held_bytes -= payload.len() as u64;
-                    return if got == tag {
-                        Ok(payload)
-                    } else {
-                        Err(LinkError::TagMismatch { expected: tag, got })
-                    };
+            if let Some(q) = st.held.get_mut(&k)
+                && let Some((got, payload)) = q.pop_front()
+            {
+                if q.is_empty() {
+                    st.held.remove(&k);
                 }
+                st.held_bytes -= payload.len() as u64;
+                return if got == tag {
+                    Ok(payload)
+                } else {
+                    Err(LinkError::TagMismatch { expected: tag, got })
+                };
             }
             if let Some(err) = &st.terminal {
                 return Err(err.clone());

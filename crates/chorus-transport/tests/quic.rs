@@ -1,5 +1,7 @@
 //! QUIC: the data link, the control channel, seed 000, a killed peer, and bad peers.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use std::net::SocketAddr;

@@ -268,10 +268,11 @@ async fn write_loop(
     }
     let req = closer.req.lock().take();
     let (code, detail, depart) = req.unwrap_or((CloseCode::NORMAL, "link closed".into(), false));
-    if depart && on_boundary {
-        if let Some(frame) = inbound::depart_frame(me, code, &detail) {
-            let _ = tokio::time::timeout(depart_timeout, send.write_all(&frame)).await;
-        }
+    if depart
+        && on_boundary
+        && let Some(frame) = inbound::depart_frame(me, code, &detail)
+    {
+        let _ = tokio::time::timeout(depart_timeout, send.write_all(&frame)).await;
     }
     // Principle 1: the close is a message the peer reads whoever holds our UDP socket.
     conn.close(VarInt::from_u32(code.0.into()), detail.as_bytes());

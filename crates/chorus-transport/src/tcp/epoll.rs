@@ -196,10 +196,8 @@ async fn write_loop(
             matcher.release(c);
         }
     }
-    if on_boundary {
-        if let Some(depart) = closer.take_depart() {
-            let _ = tokio::time::timeout(depart_timeout, w.write_all(&depart)).await;
-        }
+    if on_boundary && let Some(depart) = closer.take_depart() {
+        let _ = tokio::time::timeout(depart_timeout, w.write_all(&depart)).await;
     }
     // Principle 1: shutdown before close, so a forked duplicate cannot hide the close.
     socket::shutdown_of(w.as_ref());

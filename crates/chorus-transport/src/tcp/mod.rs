@@ -263,7 +263,7 @@ impl TcpConnection {
             stream,
             greeted,
             transport,
-            ..
+            addr,
         } = self;
         let inner = &transport.inner;
         let cfg = &inner.cfg;
@@ -281,7 +281,8 @@ impl TcpConnection {
                     .into_std()
                     .map_err(TransportError::io("detach socket from tokio"))?;
                 let fd = OwnedFd::from(std);
-                link::Io::Uring(ring.attach(fd, decoder, matcher.clone(), peer, me))
+                let zc = cfg.zero_copy_threshold.effective(addr.ip().is_loopback());
+                link::Io::Uring(ring.attach(fd, decoder, matcher.clone(), peer, me, zc))
             }
             None => {
                 let _guard = inner.progress.handle().enter();

@@ -66,6 +66,7 @@ enum Cmd {
 
 struct NewConn {
     id: u64,
+    zc_threshold: usize,
     fd: OwnedFd,
     decoder: Decoder,
     matcher: Arc<Matcher>,
@@ -149,7 +150,6 @@ impl Ring {
             conns: HashMap::new(),
             ops: HashMap::new(),
             next_op: 1,
-            zc_threshold: cfg.zero_copy_threshold,
             depart_timeout: cfg.depart_timeout,
             stopping: None,
         };
@@ -174,10 +174,12 @@ impl Ring {
         matcher: Arc<Matcher>,
         peer: Route,
         me: Route,
+        zc_threshold: usize,
     ) -> UringConn {
         let id = self.shared.next_conn.fetch_add(1, Ordering::Relaxed);
         let new = Box::new(NewConn {
             id,
+            zc_threshold,
             fd,
             decoder,
             matcher: matcher.clone(),
@@ -286,6 +288,8 @@ enum Op {
 
 struct Conn {
     fd: OwnedFd,
+    /// Payloads at least this large go out with SEND_ZC.
+    zc_threshold: usize,
     matcher: Arc<Matcher>,
     peer: Route,
     me: Route,
@@ -326,7 +330,6 @@ struct Driver {
     conns: HashMap<u64, Conn>,
     ops: HashMap<u64, Op>,
     next_op: u64,
-    zc_threshold: usize,
     depart_timeout: Duration,
     stopping: Option<Instant>,
 }
@@ -423,10 +426,10 @@ impl Driver {
             // the wake buffer, a connection (kept until its `inflight` count is zero), or
             // the `Bytes` kept in `op` — and so outlives the operation.
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                if let Some(conn) = op_conn(&op) {
-                    if let Some(c) = self.conns.get_mut(&conn) {
-                        c.inflight += 1;
-                    }
+                if let Some(conn) = op_conn(&op)
+                    && let Some(c) = self.conns.get_mut(&conn)
+                {
+                    c.inflight += 1;
                 }
                 self.ops.insert(ud, op);
                 return ud;
@@ -455,6 +458,7 @@ impl Driver {
             Cmd::Add(new) => {
                 let NewConn {
                     id,
+                    zc_threshold,
                     fd,
                     decoder,
                     matcher,
@@ -465,6 +469,7 @@ impl Driver {
                     id,
                     Conn {
                         fd,
+                        zc_threshold,
                         matcher,
                         peer,
                         me,
@@ -544,25 +549,25 @@ impl Driver {
             Op::Wake => self.arm_wake(),
             Op::Cancel => {}
             Op::RecvSlot { conn, slot } => {
-                if res > 0 {
-                    if let Some(c) = self.conns.get_mut(&conn) {
-                        let data = self.slots.bytes(slot, res as usize);
-                        c.decoder.buffer().extend_from_slice(data);
-                    }
+                if res > 0
+                    && let Some(c) = self.conns.get_mut(&conn)
+                {
+                    let data = self.slots.bytes(slot, res as usize);
+                    c.decoder.buffer().extend_from_slice(data);
                 }
                 self.slots.give(slot);
                 self.retire(conn);
                 self.on_recv(conn, res);
             }
             Op::RecvInto { conn } => {
-                if res > 0 {
-                    if let Some(c) = self.conns.get_mut(&conn) {
-                        let buf = c.decoder.buffer();
-                        let len = buf.len() + res as usize;
-                        // SAFETY: the kernel initialised `res` bytes of the spare capacity
-                        // we passed (`arm_recv` never asks for more than that capacity).
-                        unsafe { buf.set_len(len.min(buf.capacity())) };
-                    }
+                if res > 0
+                    && let Some(c) = self.conns.get_mut(&conn)
+                {
+                    let buf = c.decoder.buffer();
+                    let len = buf.len() + res as usize;
+                    // SAFETY: the kernel initialised `res` bytes of the spare capacity
+                    // we passed (`arm_recv` never asks for more than that capacity).
+                    unsafe { buf.set_len(len.min(buf.capacity())) };
                 }
                 self.retire(conn);
                 self.on_recv(conn, res);
@@ -694,10 +699,10 @@ impl Driver {
     /// Starts the next send segment if none is in flight.
     fn pump_send(&mut self, id: u64) {
         let slot_size = self.slots.size;
-        let zc_threshold = self.zc_threshold;
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
+        let zc_threshold = c.zc_threshold;
         if c.send.is_some() || c.closing.as_ref().is_some_and(|cl| cl.shut) {
             return;
         }
@@ -718,16 +723,18 @@ impl Driver {
         let Some(cur) = c.cur.as_mut() else { return };
         let total = cur.frame.len();
         let head_len = cur.frame.head.len();
-        if cur.off == 0 && cur.slot.is_none() && total <= slot_size {
-            if let Some(slot) = self.slots.take() {
-                let ptr = self.slots.ptr(slot);
-                // SAFETY: `ptr` starts a slot of `slot_size >= total` bytes that no other
-                // operation uses (it was just taken from the free list).
-                let dst = unsafe { std::slice::from_raw_parts_mut(ptr, total) };
-                dst[..head_len].copy_from_slice(&cur.frame.head);
-                dst[head_len..].copy_from_slice(&cur.frame.payload);
-                cur.slot = Some(slot);
-            }
+        if cur.off == 0
+            && cur.slot.is_none()
+            && total <= slot_size
+            && let Some(slot) = self.slots.take()
+        {
+            let ptr = self.slots.ptr(slot);
+            // SAFETY: `ptr` starts a slot of `slot_size >= total` bytes that no other
+            // operation uses (it was just taken from the free list).
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr, total) };
+            dst[..head_len].copy_from_slice(&cur.frame.head);
+            dst[head_len..].copy_from_slice(&cur.frame.payload);
+            cur.slot = Some(slot);
         }
         let flags = libc::MSG_NOSIGNAL;
         let (entry, op) = if let Some(slot) = cur.slot {
@@ -898,20 +905,18 @@ impl Driver {
             .conns
             .get(&id)
             .is_some_and(|c| c.inflight == 0 && c.closing.as_ref().is_some_and(|cl| cl.shut));
-        if reap {
-            if let Some(mut c) = self.conns.remove(&id) {
-                if let Some(mut cur) = c.cur.take() {
-                    if let Some(slot) = cur.slot.take() {
-                        self.slots.give(slot);
-                    }
-                    release(&c.matcher, cur.frame);
+        if reap && let Some(mut c) = self.conns.remove(&id) {
+            if let Some(mut cur) = c.cur.take() {
+                if let Some(slot) = cur.slot.take() {
+                    self.slots.give(slot);
                 }
-                for frame in c.queue.drain(..) {
-                    release(&c.matcher, frame);
-                }
-                inbound::on_lost(&c.matcher, "connection closed".into());
-                tracing::trace!(fd = c.fd.as_fd().as_raw_fd(), "io_uring connection closed");
+                release(&c.matcher, cur.frame);
             }
+            for frame in c.queue.drain(..) {
+                release(&c.matcher, frame);
+            }
+            inbound::on_lost(&c.matcher, "connection closed".into());
+            tracing::trace!(fd = c.fd.as_fd().as_raw_fd(), "io_uring connection closed");
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Helpers shared by the transport's integration tests.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
