@@ -19,8 +19,8 @@ use chorus_engine::link::{Link, Tag};
 use chorus_protocol::message::Role;
 use chorus_protocol::{Collective, CommId, DType, Epoch, OpSeq, Rank};
 use chorus_transport::{
-    Backend, Identity, JobSecret, Liveness, QuicEndpoint, Route, TcpTransport, TransportConfig,
-    admit_all,
+    Backend, Identity, Liveness, QuicEndpoint, Route, TcpTransport, TransportConfig, admit_all,
+    fresh,
 };
 
 const MIB: usize = 1 << 20;
@@ -43,7 +43,19 @@ fn main() {
     let mut table: Vec<(String, Vec<f64>, f64)> = Vec::new();
     for kind in kinds {
         let mut row = Vec::new();
-        let pair = rt.block_on(make_pair(kind, TransportConfig::default()));
+        // One message per transfer, up to 256 MiB: above the protocol's default chunk bound
+        // (the runtime pipelines chunks instead), so both ends raise it alike.
+        let mut cfg = TransportConfig {
+            max_chunk: 256 << 20,
+            ..TransportConfig::default()
+        };
+        if let Some(us) = std::env::var("CHORUS_BENCH_BUSY_POLL_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            cfg.busy_poll = Duration::from_micros(us);
+        }
+        let pair = rt.block_on(make_pair(kind, cfg));
         for &size in sizes {
             let total = (512 * MIB).max(2 * size);
             let count = total / size;
@@ -132,7 +144,7 @@ fn tag(op: u64) -> Tag {
 }
 
 async fn make_pair(kind: &str, cfg: TransportConfig) -> Option<Pair> {
-    let secret = JobSecret::generate();
+    let secret = fresh::job_secret();
     let wait = Duration::from_secs(10);
     match kind {
         "tcp-uring" | "tcp-epoll" => {
@@ -175,7 +187,10 @@ async fn make_pair(kind: &str, cfg: TransportConfig) -> Option<Pair> {
                 ea.connect(addr, ids.1.fingerprint(), Role::Data, route(1), Rank(0)),
                 eb.accept(wait)
             );
-            let pair: Pair = (Arc::new(c.ok()?.into_link()), Arc::new(s.ok()?.into_link()));
+            let pair: Pair = (
+                Arc::new(c.ok()?.into_link().ok()?),
+                Arc::new(s.ok()?.into_link().ok()?),
+            );
             std::mem::forget((ea, eb));
             Some(pair)
         }

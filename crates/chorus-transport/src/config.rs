@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use chorus_protocol::Limits;
+
 /// Which event engine drives TCP links.
 #[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
 pub enum Backend {
@@ -64,7 +66,9 @@ pub struct TransportConfig {
     /// Bytes a link accepts from `send` callers before the wire has taken them; `send`
     /// waits (cancellably) past it.
     pub send_window: u64,
-    /// Largest chunk payload a peer may announce; larger frames close the connection.
+    /// Largest chunk payload a peer may announce; larger frames close the connection. Both
+    /// ends must agree (it is the codec's `Limits::max_chunk_payload`); the default is the
+    /// protocol's.
     pub max_chunk: u32,
     /// Budget for the departure frame on `cancel` before the connection is shut regardless.
     pub depart_timeout: Duration,
@@ -75,6 +79,11 @@ pub struct TransportConfig {
     pub uring_slots: u16,
     /// Submission queue depth per ring.
     pub uring_entries: u32,
+    /// How long the io_uring progress thread spins on its completion queue before it sleeps
+    /// in the kernel. Spinning saves the wake-up of a sleeping thread (several µs) on every
+    /// receive that arrives within the window, at the cost of a busy core while it lasts;
+    /// zero never spins.
+    pub busy_poll: Duration,
 }
 
 impl Default for TransportConfig {
@@ -88,11 +97,23 @@ impl Default for TransportConfig {
             zero_copy_threshold: ZeroCopy::default(),
             held_limit: 1 << 30,
             send_window: 64 << 20,
-            max_chunk: 256 << 20,
+            max_chunk: Limits::DEFAULT.max_chunk_payload,
             depart_timeout: Duration::from_millis(20),
             uring_slot: 64 << 10,
             uring_slots: 64,
             uring_entries: 256,
+            busy_poll: Duration::from_micros(50),
+        }
+    }
+}
+
+impl TransportConfig {
+    /// The codec limits both ends of every stream enforce: the protocol's defaults with this
+    /// configuration's chunk bound.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_chunk_payload: self.max_chunk,
+            ..Limits::DEFAULT
         }
     }
 }

@@ -5,9 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use chorus_protocol::CloseCode;
-
-use crate::wire::WireError;
+use chorus_protocol::{CloseCode, DecodeError, EncodeError, HandshakeError};
 
 /// Why a transport, listener, connect or handshake failed.
 #[derive(Debug, thiserror::Error)]
@@ -33,23 +31,38 @@ pub enum TransportError {
     /// The handshake did not finish within its deadline.
     #[error("handshake with {addr} exceeded its {timeout:?} deadline")]
     HandshakeTimeout { addr: SocketAddr, timeout: Duration },
-    /// The peer refused us (or we refused it) with a code.
-    #[error("handshake with {addr} rejected ({code}): {detail}")]
-    Rejected {
-        addr: SocketAddr,
-        code: CloseCode,
-        detail: String,
-    },
-    /// The peer sent bytes that fail validation during the handshake.
+    /// The handshake failed: the peer refused us, we refused it, or a proof did not verify.
+    /// [`HandshakeError::code`] is the code the stream was closed with.
     #[error("handshake with {addr}: {source}")]
-    Wire {
+    Handshake {
         addr: SocketAddr,
         #[source]
-        source: WireError,
+        source: HandshakeError,
+    },
+    /// The peer sent bytes that fail the codec during the handshake.
+    #[error("handshake with {addr}: {source}")]
+    Decode {
+        addr: SocketAddr,
+        #[source]
+        source: DecodeError,
+    },
+    /// This end could not encode a handshake frame (a bug, or a limit set too low).
+    #[error("handshake with {addr}: {source}")]
+    Encode {
+        addr: SocketAddr,
+        #[source]
+        source: EncodeError,
     },
     /// The connection closed during the handshake.
     #[error("handshake with {addr}: connection closed ({detail})")]
     Closed { addr: SocketAddr, detail: String },
+    /// The connection was opened for a role this call does not serve (e.g. `into_link` on
+    /// a member connection).
+    #[error("connection opened as {found:?}, expected {expected:?}")]
+    WrongRole {
+        expected: chorus_protocol::message::Role,
+        found: chorus_protocol::message::Role,
+    },
     /// Certificate generation or TLS configuration failed.
     #[error("identity: {0}")]
     Identity(String),
@@ -69,8 +82,8 @@ impl TransportError {
     /// The close code this failure maps to, for the runtime's evidence and notices.
     pub fn code(&self) -> CloseCode {
         match self {
-            TransportError::Rejected { code, .. } => *code,
-            TransportError::Wire { source, .. } => source.code(),
+            TransportError::Handshake { source, .. } => source.code(),
+            TransportError::Decode { source, .. } => source.code(),
             TransportError::HandshakeTimeout { .. } | TransportError::ConnectTimeout { .. } => {
                 CloseCode::DEADLINE
             }

@@ -1,232 +1,227 @@
-//! The handshake seam: proofs of the job secret in `Hello` / `HelloAck`.
+//! The handshake's IO half over any ordered byte stream (a TCP socket, a QUIC stream).
 //!
-//! Like `wire.rs`, this is the one place to change when `chorus_protocol`'s sans-IO
-//! handshake module lands. The exchange: the connector sends `Hello` (its version range,
-//! role, a fresh nonce, and an HMAC-SHA256 under the job secret over those and the frame's
-//! route); the acceptor checks it and answers `HelloAck` (the chosen version, its own nonce,
-//! and a MAC over both nonces and its route) or `Reject` with a code, then closes.
+//! The protocol's [`Connector`] and [`Acceptor`] decide everything: proofs, versions, the
+//! `Reject` and its code. This file only moves their frames, reads with the protocol
+//! [`Decoder`] under the handshake gate (so a stranger can make us hold one fixed-size
+//! `Hello` at most), and bounds the exchange by the state machines' deadlines. The result
+//! is the stream's framing state: the encoder that continues the sequence after the
+//! handshake frame, and the decoder switched to the established role.
 
-use chorus_protocol::CloseCode;
-use chorus_protocol::message::{Hello, HelloAck, PROOF_LEN, Role};
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
-use crate::secret::JobSecret;
-use crate::wire::Route;
+use bytes::BytesMut;
+use chorus_protocol::message::{Depart, Message, Role};
+use chorus_protocol::{
+    Acceptor, AcceptorConfig, Connector, ConnectorConfig, Decoder, Encoder, Envelope, Established,
+    Frame, HandshakeError, Rank, Side,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Protocol versions this build speaks.
-pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 1;
+use crate::admission::Admission;
+use crate::error::TransportError;
 
-/// A refusal: the code and a lowercase detail for `Reject`.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Refusal {
-    pub code: CloseCode,
-    pub detail: String,
+/// How long a refusal (`Reject`, or the connector's `Depart`) may take to leave before the
+/// stream is closed regardless.
+const REFUSAL_BUDGET: Duration = Duration::from_millis(50);
+
+/// A finished handshake: what it established and the stream's framing state.
+#[derive(Debug)]
+pub(crate) struct Greeted {
+    pub(crate) established: Established,
+    /// Our envelope on this stream (what our headers carry).
+    pub(crate) me: Envelope,
+    /// The sending half, continuing after our handshake frame.
+    pub(crate) encoder: Encoder,
+    /// The receiving half, past the handshake, with any bytes read beyond it buffered.
+    pub(crate) decoder: Decoder,
 }
 
-impl Refusal {
-    fn new(code: CloseCode, detail: impl Into<String>) -> Self {
-        Self {
-            code,
-            detail: detail.into(),
+impl Greeted {
+    pub(crate) fn role(&self) -> Role {
+        self.established.role
+    }
+
+    /// The peer's envelope: the communicator, its epoch as its handshake frame stated it,
+    /// and its rank. Every frame it sends after the handshake carries these.
+    pub(crate) fn peer(&self) -> Envelope {
+        let e = &self.established;
+        Envelope::new(e.comm, e.peer_epoch, e.peer)
+    }
+}
+
+/// Connector side: send `Hello`, take the answer. On any failure the caller closes the
+/// stream (with [`TransportError::code`] where the transport carries codes).
+pub(crate) async fn connect<R, W>(
+    r: &mut R,
+    w: &mut W,
+    addr: SocketAddr,
+    config: ConnectorConfig,
+) -> Result<Greeted, TransportError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let me = config.envelope;
+    let limits = config.limits;
+    let deadline = config.deadline;
+    let timeout = deadline.saturating_duration_since(Instant::now());
+    let mut out = BytesMut::new();
+    let mut connector = Connector::new(config, &mut out)
+        .map_err(|source| TransportError::Encode { addr, source })?;
+    let mut decoder = Decoder::new(Side::Connector, limits);
+    let exchange = async {
+        write_all(w, &out, "send hello").await?;
+        let frame = read_frame(r, &mut decoder, addr).await?;
+        connector
+            .handle(&frame)
+            .map_err(|source| TransportError::Handshake { addr, source })
+    };
+    let result = match tokio::time::timeout_at(deadline.into(), exchange).await {
+        Ok(result) => result,
+        Err(_) => {
+            // The state machine agrees the deadline passed; its error is ours.
+            let _ = connector.handle_timeout(Instant::now().max(deadline));
+            Err(TransportError::HandshakeTimeout { addr, timeout })
         }
-    }
-}
-
-/// The connector's first frame. Keep the returned `Hello` to check the acknowledgement.
-pub fn hello(secret: &JobSecret, role: Role, route: Route) -> Hello {
-    let nonce: [u8; PROOF_LEN] = rand::random();
-    let proof = hello_mac(secret, VERSION_MIN, VERSION_MAX, role, route, &nonce);
-    Hello {
-        version_min: VERSION_MIN,
-        version_max: VERSION_MAX,
-        role,
-        nonce,
-        proof,
-    }
-}
-
-/// The acceptor's check of a `Hello` that arrived under `route`; on success the answer.
-pub fn accept(
-    secret: &JobSecret,
-    hello: &Hello,
-    route: Route,
-    me: Route,
-) -> Result<HelloAck, Refusal> {
-    let expected = hello_mac_state(
-        secret,
-        hello.version_min,
-        hello.version_max,
-        hello.role,
-        route,
-        &hello.nonce,
-    );
-    expected
-        .verify_slice(&hello.proof)
-        .map_err(|_| Refusal::new(CloseCode::AUTH_FAILED, "job secret proof does not verify"))?;
-    let lo = hello.version_min.max(VERSION_MIN);
-    let hi = hello.version_max.min(VERSION_MAX);
-    if lo > hi {
-        return Err(Refusal::new(
-            CloseCode::VERSION_MISMATCH,
-            format!(
-                "peer speaks {}..={}, we speak {VERSION_MIN}..={VERSION_MAX}",
-                hello.version_min, hello.version_max
-            ),
-        ));
-    }
-    let nonce: [u8; PROOF_LEN] = rand::random();
-    let proof = ack_mac(secret, hi, &hello.nonce, &nonce, me)
-        .finalize()
-        .into_bytes()
-        .into();
-    Ok(HelloAck {
-        version: hi,
-        nonce,
-        proof,
+    };
+    let established = match result {
+        Ok(established) => established,
+        Err(e) => {
+            // An answer that fails our checks (a forged proof, the wrong rank, a version we
+            // did not offer) came from an acceptor that now takes us for established: tell
+            // it why we leave, in the only way a byte stream carries a code.
+            let answered = matches!(
+                &e,
+                TransportError::Handshake { source, .. }
+                    if !matches!(source, HandshakeError::Rejected { .. })
+            );
+            if answered {
+                let mut encoder = connector.into_encoder();
+                let depart = Message::Depart(Depart::new(e.code(), e.to_string()));
+                let mut bytes = BytesMut::new();
+                if encoder.encode(&me, &depart, &mut bytes).is_ok() {
+                    let _ = tokio::time::timeout(REFUSAL_BUDGET, w.write_all(&bytes)).await;
+                }
+            }
+            return Err(e);
+        }
+    };
+    established.apply(&mut decoder);
+    Ok(Greeted {
+        established,
+        me,
+        encoder: connector.into_encoder(),
+        decoder,
     })
 }
 
-/// The connector's check of the acknowledgement that arrived under `route`.
-pub fn confirm(
-    secret: &JobSecret,
-    hello: &Hello,
-    ack: &HelloAck,
-    route: Route,
-) -> Result<u16, Refusal> {
-    ack_mac(secret, ack.version, &hello.nonce, &ack.nonce, route)
-        .verify_slice(&ack.proof)
-        .map_err(|_| {
-            Refusal::new(
-                CloseCode::AUTH_FAILED,
-                "acceptor's secret proof does not verify",
-            )
-        })?;
-    if !(hello.version_min..=hello.version_max).contains(&ack.version) {
-        return Err(Refusal::new(
-            CloseCode::VERSION_MISMATCH,
-            format!("acceptor chose version {} we did not offer", ack.version),
-        ));
-    }
-    Ok(ack.version)
-}
-
-type HmacSha256 = Hmac<Sha256>;
-
-fn keyed(secret: &JobSecret, label: &[u8]) -> HmacSha256 {
-    // HMAC takes keys of any length; 32 bytes never fails.
-    let mut mac = <HmacSha256 as Mac>::new_from_slice(secret.as_bytes())
-        .unwrap_or_else(|_| unreachable!("hmac accepts any key length"));
-    mac.update(label);
-    mac
-}
-
-fn put_route(mac: &mut HmacSha256, route: Route) {
-    mac.update(&route.comm.get().to_le_bytes());
-    mac.update(&route.epoch.get().to_le_bytes());
-    mac.update(&route.sender.get().to_le_bytes());
-}
-
-fn hello_mac_state(
-    secret: &JobSecret,
-    min: u16,
-    max: u16,
-    role: Role,
-    route: Route,
-    nonce: &[u8; PROOF_LEN],
-) -> HmacSha256 {
-    let mut mac = keyed(secret, b"chorus hello v1");
-    mac.update(&min.to_le_bytes());
-    mac.update(&max.to_le_bytes());
-    mac.update(&[role as u8]);
-    put_route(&mut mac, route);
-    mac.update(nonce);
-    mac
-}
-
-fn hello_mac(
-    secret: &JobSecret,
-    min: u16,
-    max: u16,
-    role: Role,
-    route: Route,
-    nonce: &[u8; PROOF_LEN],
-) -> [u8; PROOF_LEN] {
-    hello_mac_state(secret, min, max, role, route, nonce)
-        .finalize()
-        .into_bytes()
-        .into()
-}
-
-fn ack_mac(
-    secret: &JobSecret,
-    version: u16,
-    hello_nonce: &[u8; PROOF_LEN],
-    ack_nonce: &[u8; PROOF_LEN],
-    route: Route,
-) -> HmacSha256 {
-    let mut mac = keyed(secret, b"chorus hello-ack v1");
-    mac.update(&version.to_le_bytes());
-    mac.update(hello_nonce);
-    mac.update(ack_nonce);
-    put_route(&mut mac, route);
-    mac
-}
-
-#[cfg(test)]
-mod tests {
-    use chorus_protocol::{CommId, Epoch, Rank};
-
-    use super::*;
-
-    fn route(r: u32) -> Route {
-        Route {
-            comm: CommId(1),
-            epoch: Epoch(0),
-            sender: Rank(r),
+/// Acceptor side: take the `Hello` by the deadline, let `admission` decide, answer
+/// `HelloAck` or `Reject` with the spec's code.
+pub(crate) async fn accept<R, W>(
+    r: &mut R,
+    w: &mut W,
+    addr: SocketAddr,
+    config: AcceptorConfig,
+    admission: &Admission,
+) -> Result<Greeted, TransportError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let limits = config.limits;
+    let deadline = config.deadline;
+    let timeout = deadline.saturating_duration_since(Instant::now());
+    let mut acceptor = Acceptor::new(config);
+    let mut decoder = Decoder::new(Side::Acceptor, limits);
+    let mut out = BytesMut::new();
+    let read = tokio::time::timeout_at(deadline.into(), read_frame(r, &mut decoder, addr)).await;
+    let result = match read {
+        Err(_) => {
+            // Appends the `Reject` with `DEADLINE`.
+            let _ = acceptor.handle_timeout(Instant::now().max(deadline), &mut out);
+            Err(TransportError::HandshakeTimeout { addr, timeout })
+        }
+        Ok(Err(TransportError::Decode { addr, source })) => {
+            // A stream is never resynchronised: refuse with the decode error's code.
+            let _ = acceptor.reject(source.code(), source.to_string(), &mut out);
+            Err(TransportError::Decode { addr, source })
+        }
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(frame)) => decide(&mut acceptor, &frame, admission, &mut out)
+            .map_err(|source| TransportError::Handshake { addr, source }),
+    };
+    if !out.is_empty() {
+        let budget = match result {
+            Ok(_) => deadline.saturating_duration_since(Instant::now()),
+            Err(_) => REFUSAL_BUDGET,
+        };
+        let sent = tokio::time::timeout(budget, write_all(w, &out, "send hello-ack")).await;
+        if result.is_ok() {
+            match sent {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(TransportError::HandshakeTimeout { addr, timeout }),
+            }
         }
     }
+    let (established, me) = result?;
+    established.apply(&mut decoder);
+    Ok(Greeted {
+        established,
+        me,
+        encoder: acceptor.into_encoder(),
+        decoder,
+    })
+}
 
-    #[test]
-    fn both_sides_prove_the_secret() {
-        let s = JobSecret::generate();
-        let h = hello(&s, Role::Data, route(1));
-        let ack = accept(&s, &h, route(1), route(0)).unwrap();
-        assert_eq!(confirm(&s, &h, &ack, route(0)), Ok(1));
-    }
+/// Verifies the `Hello`, asks the policy, and writes the answer into `out`.
+fn decide(
+    acceptor: &mut Acceptor,
+    frame: &Frame,
+    admission: &Admission,
+    out: &mut BytesMut,
+) -> Result<(Established, Envelope), HandshakeError> {
+    let hello = acceptor.handle(frame, out)?;
+    let rank: Rank = match admission(hello.comm, hello.epoch, hello.role) {
+        Ok(rank) => rank,
+        Err((code, detail)) => return Err(acceptor.reject(code, detail, out)),
+    };
+    // Admitting the connector's epoch means serving it at that epoch.
+    let established = acceptor.accept(hello.epoch, rank, out)?;
+    Ok((established, Envelope::new(hello.comm, hello.epoch, rank)))
+}
 
-    #[test]
-    fn a_wrong_secret_or_a_tampered_route_is_refused() {
-        let s = JobSecret::generate();
-        let h = hello(&JobSecret::generate(), Role::Data, route(1));
-        assert_eq!(
-            accept(&s, &h, route(1), route(0)).unwrap_err().code,
-            CloseCode::AUTH_FAILED
-        );
-        let h = hello(&s, Role::Data, route(1));
-        assert_eq!(
-            accept(&s, &h, route(2), route(0)).unwrap_err().code,
-            CloseCode::AUTH_FAILED
-        );
-        let ack = accept(&s, &h, route(1), route(0)).unwrap();
-        let other = JobSecret::generate();
-        assert_eq!(
-            confirm(&other, &h, &ack, route(0)).unwrap_err().code,
-            CloseCode::AUTH_FAILED
-        );
+/// Reads until one whole frame is decoded, straight into the decoder's buffer.
+async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    decoder: &mut Decoder,
+    addr: SocketAddr,
+) -> Result<Frame, TransportError> {
+    loop {
+        match decoder.next() {
+            Ok(Some(frame)) => return Ok(frame),
+            Ok(None) => {}
+            Err(source) => return Err(TransportError::Decode { addr, source }),
+        }
+        let n = r
+            .read_buf(decoder.recv_buf())
+            .await
+            .map_err(TransportError::io("read handshake"))?;
+        if n == 0 {
+            return Err(TransportError::Closed {
+                addr,
+                detail: "end of stream before the handshake finished".into(),
+            });
+        }
     }
+}
 
-    #[test]
-    fn disjoint_versions_are_refused() {
-        let s = JobSecret::generate();
-        let mut h = hello(&s, Role::Member, route(1));
-        h.version_min = 7;
-        h.version_max = 9;
-        h.proof = hello_mac(&s, 7, 9, Role::Member, route(1), &h.nonce);
-        assert_eq!(
-            accept(&s, &h, route(1), route(0)).unwrap_err().code,
-            CloseCode::VERSION_MISMATCH
-        );
-    }
+async fn write_all<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    what: &'static str,
+) -> Result<(), TransportError> {
+    w.write_all(bytes).await.map_err(TransportError::io(what))?;
+    w.flush().await.map_err(TransportError::io(what))
 }

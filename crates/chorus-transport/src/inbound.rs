@@ -1,36 +1,31 @@
-//! What a data link does with each frame it reads, whatever carried it (io_uring, tokio,
-//! a QUIC stream): validate the route, hand chunks to the matcher, turn a `Depart` into the
-//! peer's departure, and turn anything else into a protocol violation.
+//! What a data link does with each frame its decoder yields, whatever carried it (io_uring,
+//! tokio, a QUIC stream): hand chunks to the matcher, turn a `Depart` into the peer's
+//! departure, and turn anything that fails the rules into a close with the spec's code.
+//!
+//! The protocol decoder has already checked the framing, the body, the sequence, and the
+//! gate of the established role (kinds, communicator, sender); what is left here is the
+//! epoch, which a data stream serves exactly.
 
-use bytes::Bytes;
 use chorus_engine::link::{LinkError, Tag};
 use chorus_protocol::message::{Chunk, Depart, Message};
-use chorus_protocol::{CloseCode, Collective, DType};
+use chorus_protocol::{CloseCode, Collective, DType, DecodeError, Envelope, Frame};
 
 use crate::matcher::Matcher;
-use crate::wire::{self, Frame, Route, WireError};
 
 /// What the reader does next.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Flow {
     /// Keep reading.
     Continue,
-    /// Stop reading and close; send a departure with this code first if `Some`.
-    Close(Option<(CloseCode, String)>),
+    /// Stop reading and close; send this departure first if there is one.
+    Close(Option<Depart>),
 }
 
-/// Handles one decoded frame for the link whose peer speaks with `peer_route`.
-pub(crate) fn on_frame(matcher: &Matcher, peer_route: Route, frame: Frame) -> Flow {
-    let route = frame.header.route;
-    if route.comm != peer_route.comm {
-        return violation(
-            matcher,
-            CloseCode::UNKNOWN_COMM,
-            format!("frame for {} on a link of {}", route.comm, peer_route.comm),
-        );
-    }
-    if route.epoch != peer_route.epoch {
-        let code = if route.epoch < peer_route.epoch {
+/// Handles one decoded frame of the link whose peer sends under `peer`.
+pub(crate) fn on_frame(matcher: &Matcher, peer: &Envelope, frame: Frame) -> Flow {
+    let epoch = frame.header.epoch;
+    if epoch != peer.epoch {
+        let code = if epoch < peer.epoch {
             CloseCode::STALE_EPOCH
         } else {
             CloseCode::PROTOCOL_VIOLATION
@@ -38,17 +33,7 @@ pub(crate) fn on_frame(matcher: &Matcher, peer_route: Route, frame: Frame) -> Fl
         return violation(
             matcher,
             code,
-            format!("frame of {} on a link of {}", route.epoch, peer_route.epoch),
-        );
-    }
-    if route.sender != peer_route.sender {
-        return violation(
-            matcher,
-            CloseCode::PROTOCOL_VIOLATION,
-            format!(
-                "frame from {} on the link to {}",
-                route.sender, peer_route.sender
-            ),
+            format!("frame of {epoch} on a link of {}", peer.epoch),
         );
     }
     match frame.message {
@@ -57,16 +42,17 @@ pub(crate) fn on_frame(matcher: &Matcher, peer_route: Route, frame: Frame) -> Fl
             matcher.fail(LinkError::PeerDeparted { code, detail });
             Flow::Close(None)
         }
+        // The data gate admits nothing else; kept so a gate change cannot go unnoticed.
         other => violation(
             matcher,
             CloseCode::PROTOCOL_VIOLATION,
-            format!("unexpected {:?} on a data link", other.kind()),
+            format!("unexpected {} frame on a data link", other.kind()),
         ),
     }
 }
 
-/// The decoder failed: fail the link and close with the error's code.
-pub(crate) fn on_wire_error(matcher: &Matcher, err: WireError) -> Flow {
+/// The decoder refused the stream: fail the link and close with the error's code.
+pub(crate) fn on_decode_error(matcher: &Matcher, err: &DecodeError) -> Flow {
     violation(matcher, err.code(), err.to_string())
 }
 
@@ -77,6 +63,7 @@ pub(crate) fn on_lost(matcher: &Matcher, detail: String) {
 
 fn on_chunk(matcher: &Matcher, chunk: Chunk) -> Flow {
     let h = chunk.header;
+    // A decoded chunk header always has known codes (the codec validates them).
     let (Some(collective), Some(dtype)) = (
         Collective::from_code(h.collective),
         DType::from_code(h.dtype),
@@ -101,22 +88,16 @@ fn on_chunk(matcher: &Matcher, chunk: Chunk) -> Flow {
         Ok(()) => Flow::Continue,
         Err(err) => {
             matcher.fail(err.clone());
-            Flow::Close(Some((CloseCode::PROTOCOL_VIOLATION, err.to_string())))
+            Flow::Close(Some(Depart::new(
+                CloseCode::PROTOCOL_VIOLATION,
+                err.to_string(),
+            )))
         }
     }
 }
 
 fn violation(matcher: &Matcher, code: CloseCode, detail: String) -> Flow {
-    matcher.fail(LinkError::Protocol {
-        code,
-        detail: detail.clone(),
-    });
-    Flow::Close(Some((code, detail)))
-}
-
-/// The departure frame a link sends before it closes.
-pub(crate) fn depart_frame(route: Route, code: CloseCode, detail: &str) -> Option<Bytes> {
-    // The spec bounds details; a long one is cut rather than refused.
-    let detail: String = detail.chars().take(256).collect();
-    wire::encode(route, 0, &Message::Depart(Depart { code, detail })).ok()
+    let depart = Depart::new(code, detail.clone());
+    matcher.fail(LinkError::Protocol { code, detail });
+    Flow::Close(Some(depart))
 }

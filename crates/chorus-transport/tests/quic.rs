@@ -13,7 +13,7 @@ use chorus_protocol::message::{Heartbeat, Message, Role};
 use chorus_protocol::{CloseCode, Rank};
 use chorus_transport::{
     Identity, JobSecret, Liveness, QuicEndpoint, QuicLink, TransportConfig, TransportError,
-    admit_all,
+    admit_all, fresh,
 };
 use common::*;
 
@@ -60,12 +60,15 @@ async fn pair(a: &Member, b: &Member) -> (QuicLink, QuicLink) {
         a.ep.connect(addr, b.id.fingerprint(), Role::Data, route(1), Rank(0)),
         b.ep.accept(WAIT)
     );
-    (c.unwrap().into_link(), s.unwrap().into_link())
+    (
+        c.unwrap().into_link().unwrap(),
+        s.unwrap().into_link().unwrap(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_round_trips_intact_over_a_pinned_connection() {
-    let secret = JobSecret::generate();
+    let secret = fresh::job_secret();
     let (a, b) = (member(1, &secret), member(0, &secret));
     let (x, y) = pair(&a, &b).await;
     for (i, len) in [0usize, 1, 1000, 1 << 20, 16 << 20].into_iter().enumerate() {
@@ -87,7 +90,7 @@ async fn data_round_trips_intact_over_a_pinned_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_fingerprint_or_secret_is_refused_and_good_peers_still_connect() {
-    let secret = JobSecret::generate();
+    let secret = fresh::job_secret();
     let (a, b) = (member(1, &secret), member(0, &secret));
     let addr = b.ep.local_addr().unwrap();
     let stranger = Identity::generate().unwrap();
@@ -96,7 +99,7 @@ async fn a_wrong_fingerprint_or_secret_is_refused_and_good_peers_still_connect()
             .await
             .unwrap_err();
     assert!(matches!(err, TransportError::Quic(_)), "{err}");
-    let impostor = member(1, &JobSecret::generate());
+    let impostor = member(1, &fresh::job_secret());
     let err = impostor
         .ep
         .connect(addr, b.id.fingerprint(), Role::Data, route(1), Rank(0))
@@ -111,7 +114,7 @@ async fn a_wrong_fingerprint_or_secret_is_refused_and_good_peers_still_connect()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_client_is_closed_with_deadline_at_the_handshake_deadline() {
-    let secret = JobSecret::generate();
+    let secret = fresh::job_secret();
     let b = member(0, &secret);
     let addr = b.ep.local_addr().unwrap();
     let conn = silent_client(addr).await;
@@ -134,7 +137,7 @@ async fn a_silent_client_is_closed_with_deadline_at_the_handshake_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_control_channel_carries_messages_and_closes_with_codes() {
-    let secret = JobSecret::generate();
+    let secret = fresh::job_secret();
     let (a, b) = (member(1, &secret), member(0, &secret));
     let addr = b.ep.local_addr().unwrap();
     let (c, s) = tokio::join!(
@@ -150,7 +153,7 @@ async fn the_control_channel_carries_messages_and_closes_with_codes() {
     for seq in 0..100 {
         let f = y.recv().await.unwrap();
         assert_eq!(f.message, Message::Heartbeat(Heartbeat { seq }));
-        assert_eq!(f.header.route.sender, Rank(1));
+        assert_eq!(f.header.sender, Rank(1));
     }
     y.send(Message::Heartbeat(Heartbeat { seq: 7 }))
         .await
@@ -189,7 +192,7 @@ async fn the_control_channel_carries_messages_and_closes_with_codes() {
 /// reaches the peer anyway (UDP has no "last close" to wait for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_000_departure_reaches_the_peer_despite_a_forked_holder() {
-    let secret = JobSecret::generate();
+    let secret = fresh::job_secret();
     let (a, b) = (member(1, &secret), member(0, &secret));
     let (x, y) = pair(&a, &b).await;
     x.send(tag(1, 0), pattern(1000, 1)).await.unwrap();
@@ -224,11 +227,11 @@ async fn seed_000_departure_reaches_the_peer_despite_a_forked_holder() {
 /// from liveness — with a connection-lost error, not a departure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_peer_fails_pending_ops_with_connection_lost_at_the_idle_timeout() {
-    let secret = JobSecret::generate();
+    let secret = fresh::job_secret();
     let b = member(0, &secret);
     let addr = b.ep.local_addr().unwrap();
     let mut child = spawn_peer(addr, &secret, &b.id);
-    let link = b.ep.accept(WAIT).await.unwrap().into_link();
+    let link = b.ep.accept(WAIT).await.unwrap().into_link().unwrap();
     let pending = link.recv(tag(1, 0));
     // SAFETY: killing our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
@@ -257,7 +260,7 @@ fn spawn_peer(addr: SocketAddr, secret: &JobSecret, server: &Identity) -> std::p
             "--test-threads=1",
         ])
         .env("CHORUS_TEST_PEER", addr.to_string())
-        .env("CHORUS_TEST_SECRET", hex(secret.as_bytes()))
+        .env("CHORUS_TEST_SECRET", hex(&secret.to_bytes()))
         .env("CHORUS_TEST_PIN", hex(&server.fingerprint().0))
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -291,7 +294,7 @@ fn peer_process_entry() {
     let Ok(addr) = std::env::var("CHORUS_TEST_PEER") else {
         return;
     };
-    let secret = JobSecret::from_bytes(unhex("CHORUS_TEST_SECRET"));
+    let secret = JobSecret::new(unhex("CHORUS_TEST_SECRET"));
     let pin = chorus_transport::Fingerprint(unhex("CHORUS_TEST_PIN"));
     let me = member(1, &secret);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -304,7 +307,7 @@ fn peer_process_entry() {
             .connect(addr.parse().unwrap(), pin, Role::Data, route(1), Rank(0))
             .await
             .unwrap();
-        let link = conn.into_link();
+        let link = conn.into_link().unwrap();
         tokio::time::sleep(Duration::from_secs(60)).await;
         drop(link);
     });

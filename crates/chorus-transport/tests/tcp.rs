@@ -9,14 +9,18 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use chorus_engine::link::{CancelReason, Link, LinkError};
-use chorus_protocol::message::{Depart, Message, Reject, Role};
-use chorus_protocol::{CloseCode, Rank};
+use chorus_protocol::message::{Chunk, ChunkHeader, Depart, Heartbeat, Message, Reject, Role};
+use chorus_protocol::{
+    Acceptor, AcceptorConfig, CloseCode, CommId, Connector, ConnectorConfig, DType, Decoder,
+    Encoder, Epoch, HEADER_LEN, Header, JobSecret, Kind, Limits, Nonce, OpSeq, Rank, Side,
+    VersionRange, samples,
+};
 use chorus_transport::tcp::uring_available;
 use chorus_transport::{
-    Backend, BackendKind, JobSecret, TcpLink, TcpListener, TcpTransport, TransportConfig,
-    TransportError, admit_all, handshake, wire,
+    Backend, BackendKind, Route, TcpLink, TcpListener, TcpTransport, TransportConfig,
+    TransportError, admit_all, fresh,
 };
 use common::*;
 
@@ -39,7 +43,7 @@ fn transport(backend: Backend, cfg: Option<TransportConfig>) -> Option<(TcpTrans
         );
         return None;
     }
-    let secret = JobSecret::generate();
+    let secret = fresh::job_secret();
     let cfg = cfg.unwrap_or_else(|| config(backend));
     let t = TcpTransport::new(cfg, secret.clone()).unwrap();
     Some((t, secret))
@@ -71,11 +75,8 @@ async fn link_and_raw(t: &TcpTransport, l: &mut TcpListener) -> (TcpLink, RawPee
         t.connect(addr, Role::Data, route(1), Rank(0)),
         l.accept(WAIT)
     );
-    let (stream, leftover) = a.unwrap().into_stream().unwrap();
-    (
-        c.unwrap().into_link().unwrap(),
-        RawPeer::new(stream, leftover),
-    )
+    let raw = RawPeer::from_raw(a.unwrap().into_stream().unwrap());
+    (c.unwrap().into_link().unwrap(), raw)
 }
 
 async fn transfer(a: &TcpLink, b: &TcpLink, op: u64, len: usize) {
@@ -267,40 +268,43 @@ mod suite {
         };
         let mut l = listener(&t).await;
         let addr = l.local_addr();
-        let good_hello = wire::encode(
-            route(1),
-            0,
-            &Message::Hello(handshake::hello(&secret, Role::Data, route(1))),
-        )
-        .unwrap();
-        let mut bad_magic = good_hello.to_vec();
+        let good_hello = hello_bytes(&secret, route(1), Role::Data);
+        let mut bad_magic = good_hello.clone();
         bad_magic[..4].copy_from_slice(b"NCCL");
-        let mut bad_version = good_hello.to_vec();
+        let mut bad_version = good_hello.clone();
         bad_version[4] = 0x7f;
-        let bad_secret = wire::encode(
-            route(1),
-            0,
-            &Message::Hello(handshake::hello(
-                &JobSecret::generate(),
-                Role::Data,
+        let bad_secret = hello_bytes(&fresh::job_secret(), route(1), Role::Data);
+        // A valid proof over a version range this build does not speak.
+        let disjoint = {
+            let mut config = chorus_protocol::ConnectorConfig::new(
+                secret.clone(),
                 route(1),
-            )),
-        )
-        .unwrap()
-        .to_vec();
-        let mut oversize = good_hello.to_vec();
+                Role::Data,
+                fresh::nonce(),
+                Instant::now() + WAIT,
+            );
+            config.versions = VersionRange { min: 7, max: 9 };
+            let mut out = BytesMut::new();
+            chorus_protocol::Connector::new(config, &mut out).unwrap();
+            out.to_vec()
+        };
+        let mut oversize = good_hello.clone();
         oversize[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
-        let mut garbage_body = good_hello.to_vec();
-        for b in &mut garbage_body[wire::HEADER_LEN..] {
+        let mut garbage_body = good_hello.clone();
+        for b in &mut garbage_body[HEADER_LEN..] {
             *b = 0xa5;
         }
+        // A well-formed frame of the spec, but not a handshake frame.
+        let heartbeat = vector("heartbeat");
         let garbage: Vec<u8> = (0..200u32).map(|i| (i * 7919 % 251) as u8).collect();
         let cases = [
             ("wrong magic", bad_magic, CloseCode::PROTOCOL_VIOLATION),
             ("wrong version", bad_version, CloseCode::VERSION_MISMATCH),
             ("wrong secret", bad_secret, CloseCode::AUTH_FAILED),
+            ("no common version", disjoint, CloseCode::VERSION_MISMATCH),
             ("oversize length", oversize, CloseCode::PROTOCOL_VIOLATION),
             ("garbage body", garbage_body, CloseCode::PROTOCOL_VIOLATION),
+            ("heartbeat first", heartbeat, CloseCode::PROTOCOL_VIOLATION),
             ("garbage", garbage, CloseCode::PROTOCOL_VIOLATION),
         ];
         let bad = std::thread::spawn(move || {
@@ -358,17 +362,20 @@ mod suite {
             l.accept(WAIT)
         );
         let link = a.unwrap().into_link().unwrap();
-        let (stream, leftover) = c.unwrap().into_stream().unwrap();
-        let mut raw = RawPeer::new(stream, leftover);
+        let mut raw = RawPeer::from_raw(c.unwrap().into_stream().unwrap());
         let pending = link.recv(tag(1, 0));
-        let header = chorus_protocol::message::ChunkHeader {
-            collective: 0,
-            dtype: 5,
-            op: chorus_protocol::OpSeq(1),
-            step: 0,
-            offset: 0,
-        };
-        let mut frame = wire::encode_chunk_prefix(route(1), 1, &header, 0).unwrap();
+        let header = ChunkHeader::new(
+            chorus_protocol::Collective::AllReduce,
+            DType::U8,
+            OpSeq(1),
+            0,
+            0,
+        );
+        let mut frame = BytesMut::new();
+        let me = raw.me;
+        raw.encoder
+            .encode_chunk_prefix(&me, &header, 0, &mut frame)
+            .unwrap();
         frame[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
         raw.send(&frame);
         let r = tokio::time::timeout(WAIT, pending).await.unwrap();
@@ -424,6 +431,239 @@ mod suite {
         );
     }
 
+    /// The wire is the spec's: the far end of a link is nothing but `chorus_protocol`
+    /// (its `Acceptor`, a plain `Decoder` and `Encoder`) over a blocking socket. It
+    /// completes the handshake, decodes the link's chunk and departure, has its own chunk
+    /// received intact, and every byte the link wrote equals what an independent encoder
+    /// makes of the same messages.
+    pub(crate) async fn a_links_wire_is_the_specs(backend: Backend) {
+        let Some((t, secret)) = transport(backend, None) else {
+            return;
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let far = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut raw = RawPeer::plain(stream);
+            raw.decoder = Decoder::new(Side::Acceptor, Limits::DEFAULT);
+            raw.capture = true;
+            let Seen::Frame(hello) = raw.next(WAIT) else {
+                panic!("no hello")
+            };
+            let mut acceptor = Acceptor::new(AcceptorConfig::new(
+                secret,
+                fresh::nonce(),
+                Instant::now() + WAIT,
+            ));
+            let mut out = BytesMut::new();
+            let peer = acceptor.handle(&hello, &mut out).unwrap();
+            assert_eq!(
+                (peer.role, peer.comm, peer.epoch, peer.sender),
+                (Role::Data, CommId(42), Epoch(1), Rank(1))
+            );
+            let established = acceptor.accept(peer.epoch, Rank(0), &mut out).unwrap();
+            raw.send(&out);
+            established.apply(&mut raw.decoder);
+            raw.encoder = acceptor.into_encoder();
+            let chunk = match raw.next(WAIT) {
+                Seen::Frame(f) => *f,
+                other => panic!("expected a chunk, got {other:?}"),
+            };
+            assert_eq!(chunk.header.kind, Kind::Chunk);
+            assert_eq!(chunk.header.seq, 1, "the handshake frame was 0");
+            raw.send_message(
+                &route(0),
+                &Message::Chunk(Chunk {
+                    header: ChunkHeader::new(
+                        chorus_protocol::Collective::AllReduce,
+                        DType::U8,
+                        OpSeq(7),
+                        0,
+                        0,
+                    ),
+                    payload: pattern(3000, 7),
+                }),
+            );
+            let depart = raw.next(WAIT);
+            let end = raw.next(WAIT);
+            (hello, chunk, depart, end, raw.captured)
+        });
+        let link = t
+            .connect(addr, Role::Data, route(1), Rank(0))
+            .await
+            .unwrap()
+            .into_link()
+            .unwrap();
+        let sent = pattern(1000, 5);
+        link.send(tag(5, 2), sent.clone()).await.unwrap();
+        let got = tokio::time::timeout(WAIT, link.recv(tag(7, 0)))
+            .await
+            .unwrap();
+        assert!(
+            got.unwrap() == pattern(3000, 7),
+            "far end's chunk corrupted"
+        );
+        link.cancel(CancelReason::new(CloseCode::ABORTED, "spec check"));
+        let (hello, chunk, depart, end, captured) =
+            tokio::task::spawn_blocking(move || far.join().unwrap())
+                .await
+                .unwrap();
+        let Message::Chunk(c) = &chunk.message else {
+            panic!("not a chunk")
+        };
+        assert_eq!(c.payload, sent);
+        assert_eq!(departed(depart), (CloseCode::ABORTED, "spec check".into()));
+        assert!(matches!(end, Seen::Eof | Seen::Reset), "{end:?}");
+        let mut expected = BytesMut::new();
+        let mut enc = Encoder::default();
+        for m in [
+            hello.message.clone(),
+            chunk.message.clone(),
+            Message::Depart(Depart::new(CloseCode::ABORTED, "spec check")),
+        ] {
+            enc.encode(&route(1), &m, &mut expected).unwrap();
+        }
+        assert!(
+            captured == expected[..],
+            "the link's bytes are not the spec's"
+        );
+    }
+
+    /// After the handshake, every frame that breaks a rule closes the link with the spec's
+    /// code: the pending `recv` fails with it and the peer reads a departure carrying it.
+    pub(crate) async fn bad_frames_after_the_handshake_close_with_their_code(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
+        let mut l = listener(&t).await;
+        let chunk = |op| {
+            Message::Chunk(Chunk {
+                header: ChunkHeader::new(
+                    chorus_protocol::Collective::AllReduce,
+                    DType::U8,
+                    OpSeq(op),
+                    0,
+                    0,
+                ),
+                payload: pattern(64, 1),
+            })
+        };
+        type Bad = Box<dyn Fn(&mut RawPeer) + Send>;
+        let cases: Vec<(&str, Bad, CloseCode)> = vec![
+            (
+                "another communicator",
+                Box::new(move |raw| {
+                    let env = Route {
+                        comm: CommId(43),
+                        ..raw.me
+                    };
+                    raw.send_message(&env, &chunk(1));
+                }),
+                CloseCode::UNKNOWN_COMM,
+            ),
+            (
+                "another sender",
+                Box::new(move |raw| {
+                    let env = Route {
+                        sender: Rank(5),
+                        ..raw.me
+                    };
+                    raw.send_message(&env, &chunk(1));
+                }),
+                CloseCode::PROTOCOL_VIOLATION,
+            ),
+            (
+                "a stale epoch",
+                Box::new(move |raw| {
+                    let env = Route {
+                        epoch: Epoch(0),
+                        ..raw.me
+                    };
+                    raw.send_message(&env, &chunk(1));
+                }),
+                CloseCode::STALE_EPOCH,
+            ),
+            (
+                "a control frame on a data link",
+                Box::new(|raw| {
+                    let env = raw.me;
+                    raw.send_message(&env, &Message::Heartbeat(Heartbeat { seq: 1 }));
+                }),
+                CloseCode::PROTOCOL_VIOLATION,
+            ),
+            (
+                "a sequence gap",
+                Box::new(move |raw| {
+                    let env = raw.me;
+                    raw.encoder
+                        .encode(&env, &chunk(1), &mut BytesMut::new())
+                        .unwrap();
+                    raw.send_message(&env, &chunk(2));
+                }),
+                CloseCode::PROTOCOL_VIOLATION,
+            ),
+            (
+                "a misaligned chunk",
+                Box::new(|raw| {
+                    let header = Header {
+                        version: 1,
+                        kind: Kind::Chunk,
+                        flags: 0,
+                        comm: raw.me.comm,
+                        epoch: raw.me.epoch,
+                        sender: raw.me.sender,
+                        body_len: (ChunkHeader::LEN + 8) as u32,
+                        seq: raw.encoder.next_seq(),
+                    };
+                    let mut frame = header.to_bytes().to_vec();
+                    let f64s = ChunkHeader::new(
+                        chorus_protocol::Collective::AllReduce,
+                        DType::F64,
+                        OpSeq(1),
+                        0,
+                        3,
+                    );
+                    frame.extend_from_slice(&f64s.to_bytes());
+                    frame.extend_from_slice(&[0; 8]);
+                    raw.send(&frame);
+                }),
+                CloseCode::PROTOCOL_VIOLATION,
+            ),
+            (
+                "another version",
+                Box::new(move |raw| {
+                    let env = raw.me;
+                    let mut frame = BytesMut::new();
+                    raw.encoder.encode(&env, &chunk(1), &mut frame).unwrap();
+                    frame[4] = 2;
+                    raw.send(&frame);
+                }),
+                CloseCode::VERSION_MISMATCH,
+            ),
+        ];
+        for (name, bad, code) in cases {
+            let (link, mut raw) = link_and_raw(&t, &mut l).await;
+            let pending = link.recv(tag(1, 0));
+            let observer = std::thread::spawn(move || {
+                bad(&mut raw);
+                let depart = raw.next_control(WAIT);
+                (depart, raw.next(WAIT))
+            });
+            let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+            assert!(
+                matches!(&r, Err(LinkError::Protocol { code: c, .. }) if *c == code),
+                "{name}: {r:?}"
+            );
+            let (depart, end) = tokio::task::spawn_blocking(move || observer.join().unwrap())
+                .await
+                .unwrap();
+            assert_eq!(departed(depart).0, code, "{name}");
+            assert!(matches!(end, Seen::Eof | Seen::Reset), "{name}: {end:?}");
+        }
+        let (a, b) = pair(&t, &mut l).await;
+        transfer(&a, &b, 1, 1 << 20).await;
+    }
+
     /// Cancel while a large send is part-way out to a peer that does not read: ops fail at
     /// once, the connection is shut within the departure budget, and teardown is bounded.
     pub(crate) async fn cancel_mid_frame_is_bounded(backend: Backend) {
@@ -460,7 +700,7 @@ mod suite {
 /// Starts this test binary again as a peer process that connects to `addr` and sleeps.
 fn spawn_peer(addr: SocketAddr, backend: Backend, secret: &JobSecret) -> std::process::Child {
     let hex: String = secret
-        .as_bytes()
+        .to_bytes()
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
@@ -501,7 +741,7 @@ fn peer_process_entry() {
         Ok("Uring") => Backend::Uring,
         _ => Backend::Epoll,
     };
-    let secret = JobSecret::from_bytes(secret_from_env());
+    let secret = JobSecret::new(secret_from_env());
     let t = TcpTransport::new(config(backend), secret).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -562,6 +802,12 @@ macro_rules! backend_suite {
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn cancel_mid_frame_is_bounded() { suite::cancel_mid_frame_is_bounded($backend).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_links_wire_is_the_specs() { suite::a_links_wire_is_the_specs($backend).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn bad_frames_after_the_handshake_close_with_their_code() {
+                suite::bad_frames_after_the_handshake_close_with_their_code($backend).await
+            }
         }
     )*};
 }
@@ -577,7 +823,7 @@ fn seed_000_plain_close_is_invisible_to_the_peer_while_a_fork_holds_the_socket()
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     let (server, _) = listener.accept().unwrap();
-    let mut observer = RawPeer::new(server, bytes::BytesMut::new());
+    let mut observer = RawPeer::plain(server);
     let holder = fork_holder();
     let fd = client.into_raw_fd();
     // SAFETY: we own fd; this is the close() of NCCL 2.17.
@@ -600,14 +846,14 @@ fn auto_falls_back_to_epoll_when_io_uring_setup_is_refused() {
         backend: Backend::Auto,
         ..config(Backend::Auto)
     };
-    let t = TcpTransport::new(cfg.clone(), JobSecret::generate()).unwrap();
+    let t = TcpTransport::new(cfg.clone(), fresh::job_secret()).unwrap();
     assert_eq!(t.backend(), BackendKind::Epoll);
     let forced = TcpTransport::new(
         TransportConfig {
             backend: Backend::Uring,
             ..cfg
         },
-        JobSecret::generate(),
+        fresh::job_secret(),
     );
     assert!(matches!(forced, Err(TransportError::UringUnavailable(_))));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -628,7 +874,7 @@ fn connect_retries_with_backoff_until_its_deadline() {
             connect_timeout: Duration::from_millis(300),
             ..config(Backend::Epoll)
         },
-        JobSecret::generate(),
+        fresh::job_secret(),
     )
     .unwrap();
     // A port that was just free: nothing listens there.
@@ -715,4 +961,63 @@ async fn uring_zero_copy_sends_arrive_intact() {
     drop(a);
     drop(l);
     drop(t);
+}
+
+/// The listener speaks the spec's handshake byte for byte: it answers the golden `Hello`
+/// vector (proved under the golden secret) with a `HelloAck` whose proof verifies in a
+/// plain protocol `Connector`, and admits the connection with the vector's route and role.
+#[test]
+fn the_golden_hello_is_answered_with_an_ack_that_verifies() {
+    let t = TcpTransport::new(config(Backend::Epoll), samples::SECRET).unwrap();
+    let sample = samples::named("hello");
+    let Message::Hello(h) = &sample.message else {
+        panic!("the hello sample is a hello")
+    };
+    let mut config = ConnectorConfig::new(
+        samples::SECRET,
+        sample.envelope,
+        h.role,
+        Nonce(h.nonce),
+        Instant::now() + WAIT,
+    );
+    config.peer = Some(Rank(0));
+    let mut out = BytesMut::new();
+    let mut connector = Connector::new(config, &mut out).unwrap();
+    assert_eq!(
+        out.to_vec(),
+        vector("hello"),
+        "the golden hello is the connector's"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut l = listener(&t).await;
+        let addr = l.local_addr();
+        let raw = std::thread::spawn(move || {
+            let mut raw = RawPeer::connect(addr);
+            raw.send(&vector("hello"));
+            raw.next(WAIT)
+        });
+        let conn = l.accept(WAIT).await.unwrap();
+        assert_eq!(conn.role(), Role::Member);
+        assert_eq!(conn.comm(), sample.envelope.comm);
+        assert_eq!(conn.epoch(), sample.envelope.epoch);
+        assert_eq!(conn.peer_rank(), sample.envelope.sender);
+        assert_eq!(conn.local_rank(), Rank(0));
+        let Seen::Frame(ack) = tokio::task::spawn_blocking(move || raw.join().unwrap())
+            .await
+            .unwrap()
+        else {
+            panic!("no answer")
+        };
+        let established = connector.handle(&ack).unwrap();
+        assert_eq!((established.peer, established.version), (Rank(0), 1));
+        // A member connection is not a data link.
+        assert!(matches!(
+            conn.into_link(),
+            Err(TransportError::WrongRole { .. })
+        ));
+    });
 }

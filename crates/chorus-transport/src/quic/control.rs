@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use chorus_engine::link::LinkError;
 use chorus_protocol::message::{Depart, Message};
-use chorus_protocol::{CloseCode, Rank};
-use quinn::{Connection, RecvStream, SendStream, VarInt};
+use chorus_protocol::{CloseCode, Decoder, Encoder, Envelope, Frame, Rank};
+use quinn::{Connection, RecvStream, SendStream};
+use tokio::io::AsyncReadExt;
 use tokio::sync::Mutex as AsyncMutex;
 
-use super::{Inner, connection_error, read_error, write_error};
-use crate::wire::{self, Decoder, Frame, Route};
+use super::{Inner, code_of, connection_error, io_read_error, write_error};
 
 /// A message channel to one member. Every call runs on the QUIC progress thread, so the
 /// runtime's control thread may call it from any executor.
@@ -24,27 +25,29 @@ pub struct ControlChannel {
 struct Shared {
     endpoint: Arc<Inner>,
     conn: Connection,
-    send: AsyncMutex<(SendStream, u64)>,
+    send: AsyncMutex<(SendStream, Encoder)>,
     recv: AsyncMutex<(RecvStream, Decoder)>,
-    me: Route,
-    peer: Route,
+    me: Envelope,
+    peer: Envelope,
 }
 
 impl ControlChannel {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         endpoint: Arc<Inner>,
         conn: Connection,
         send: SendStream,
         recv: RecvStream,
+        encoder: Encoder,
         decoder: Decoder,
-        me: Route,
-        peer: Route,
+        me: Envelope,
+        peer: Envelope,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 endpoint,
                 conn,
-                send: AsyncMutex::new((send, 0)),
+                send: AsyncMutex::new((send, encoder)),
                 recv: AsyncMutex::new((recv, decoder)),
                 me,
                 peer,
@@ -57,17 +60,20 @@ impl ControlChannel {
         self.shared.peer.sender
     }
 
-    /// Sends `message` under our route (comm, epoch, rank) with the next sequence number.
+    /// Sends `message` under our envelope (comm, epoch, rank) as the stream's next frame.
+    /// A message the codec refuses (a bound, a rule of the spec) is an error here and
+    /// nothing is sent.
     pub async fn send(&self, message: Message) -> Result<(), LinkError> {
         let shared = self.shared.clone();
         self.run(async move {
             let mut guard = shared.send.lock().await;
-            let (stream, seq) = &mut *guard;
-            *seq += 1;
-            let bytes =
-                wire::encode(shared.me, *seq, &message).map_err(|e| LinkError::Protocol {
-                    code: e.code(),
-                    detail: e.to_string(),
+            let (stream, encoder) = &mut *guard;
+            let mut bytes = BytesMut::new();
+            encoder
+                .encode(&shared.me, &message, &mut bytes)
+                .map_err(|e| LinkError::Protocol {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    detail: format!("cannot send: {e}"),
                 })?;
             stream.write_all(&bytes).await.map_err(write_error)
         })
@@ -75,26 +81,18 @@ impl ControlChannel {
     }
 
     /// The next message from the peer. A `Depart` (or the peer's application close)
-    /// arrives as `Err(PeerDeparted)`; a frame from anyone but the peer, or for another
-    /// communicator, closes the channel with a protocol violation. Epochs are not checked
-    /// here: the control plane outlives them and checks them itself.
+    /// arrives as `Err(PeerDeparted)`; a frame that fails the codec or the role's gate (a
+    /// kind this role may not send, another communicator, another sender) closes the
+    /// channel with the spec's code. Epochs are not checked here: the control plane
+    /// outlives them and checks them itself.
     pub async fn recv(&self) -> Result<Frame, LinkError> {
         let shared = self.shared.clone();
         self.run(async move {
             let mut guard = shared.recv.lock().await;
             let (stream, decoder) = &mut *guard;
             loop {
-                match decoder.decode() {
+                match decoder.next() {
                     Ok(Some(frame)) => {
-                        let r = frame.header.route;
-                        if r.sender != shared.peer.sender || r.comm != shared.peer.comm {
-                            let detail = format!("control frame from {} of {}", r.sender, r.comm);
-                            shared.close_now(CloseCode::PROTOCOL_VIOLATION, &detail);
-                            return Err(LinkError::Protocol {
-                                code: CloseCode::PROTOCOL_VIOLATION,
-                                detail,
-                            });
-                        }
                         if let Message::Depart(Depart { code, detail }) = frame.message {
                             return Err(LinkError::PeerDeparted { code, detail });
                         }
@@ -109,17 +107,14 @@ impl ControlChannel {
                         });
                     }
                 }
-                match stream
-                    .read_chunk(decoder.wanted().max(16 << 10), true)
-                    .await
-                {
-                    Ok(Some(chunk)) => decoder.buffer().extend_from_slice(&chunk.bytes),
-                    Ok(None) => {
+                match stream.read_buf(decoder.recv_buf()).await {
+                    Ok(0) => {
                         return Err(LinkError::ConnectionLost {
                             detail: "peer finished the control stream".into(),
                         });
                     }
-                    Err(e) => return Err(read_error(e)),
+                    Ok(_) => {}
+                    Err(e) => return Err(io_read_error(&e)),
                 }
             }
         })
@@ -134,17 +129,16 @@ impl ControlChannel {
         let budget = self.shared.endpoint.cfg.depart_timeout;
         let _ = self
             .run(async move {
-                let msg = Message::Depart(Depart {
-                    code,
-                    detail: detail.chars().take(256).collect(),
-                });
-                if let Ok(bytes) = wire::encode(shared.me, 0, &msg) {
-                    let _ = tokio::time::timeout(budget, async {
-                        let mut guard = shared.send.lock().await;
-                        guard.0.write_all(&bytes).await
-                    })
-                    .await;
-                }
+                let _ = tokio::time::timeout(budget, async {
+                    let mut guard = shared.send.lock().await;
+                    let (stream, encoder) = &mut *guard;
+                    let depart = Message::Depart(Depart::new(code, detail.as_str()));
+                    let mut bytes = BytesMut::new();
+                    if encoder.encode(&shared.me, &depart, &mut bytes).is_ok() {
+                        let _ = stream.write_all(&bytes).await;
+                    }
+                })
+                .await;
                 shared.close_now(code, &detail);
                 Ok(())
             })
@@ -183,7 +177,6 @@ impl ControlChannel {
 
 impl Shared {
     fn close_now(&self, code: CloseCode, detail: &str) {
-        self.conn
-            .close(VarInt::from_u32(code.0.into()), detail.as_bytes());
+        self.conn.close(code_of(code), detail.as_bytes());
     }
 }

@@ -1,59 +1,31 @@
-//! `QuicLink`: the engine's `Link` over one QUIC stream. Same matcher and inbound rules as
-//! TCP; cancel ends with `CONNECTION_CLOSE` carrying the code, which no descriptor holder
-//! can suppress and which the peer reads as a departure.
+//! `QuicLink`: the engine's `Link` over one QUIC stream. Same matcher, outbound and inbound
+//! rules as TCP; cancel ends with `CONNECTION_CLOSE` carrying the code, which no descriptor
+//! holder can suppress and which the peer reads as a departure.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
-use chorus_protocol::message::ChunkHeader;
-use chorus_protocol::{CloseCode, Rank};
+use chorus_protocol::message::{ChunkHeader, Depart};
+use chorus_protocol::{CloseCode, Decoder, Envelope, Rank};
 use parking_lot::Mutex;
-use quinn::{Connection, RecvStream, SendStream, VarInt};
+use quinn::{Connection, RecvStream, SendStream};
+use tokio::io::AsyncReadExt;
 use tokio::runtime::Handle;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
-use super::lost;
+use super::{code_of, io_read_error, lost, write_error};
 use crate::inbound::{self, Flow};
-use crate::matcher::{Credit, Matcher};
-use crate::wire::{self, Decoder, Route};
+use crate::matcher::Matcher;
+use crate::outbound::{Next, OutFrame, Outbound};
 
 /// A data link to one peer over QUIC.
 #[derive(Debug)]
 pub struct QuicLink {
     matcher: Arc<Matcher>,
-    me: Route,
-    tx: mpsc::UnboundedSender<Out>,
-    closer: Arc<Closer>,
-    max_chunk: u32,
-}
-
-#[derive(Debug)]
-struct Out {
-    head: BytesMut,
-    payload: Bytes,
-    credit: Credit,
-}
-
-#[derive(Debug, Default)]
-struct Closer {
-    req: Mutex<Option<(CloseCode, String, bool)>>,
-    notify: Notify,
-}
-
-impl Closer {
-    /// First request wins; `depart` says whether to send a departure frame first.
-    fn request(&self, code: CloseCode, detail: String, depart: bool) {
-        {
-            let mut req = self.req.lock();
-            if req.is_some() {
-                return;
-            }
-            *req = Some((code, detail, depart));
-        }
-        self.notify.notify_one();
-    }
+    outbound: Arc<Mutex<Outbound>>,
+    wake: Arc<Notify>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -64,35 +36,31 @@ pub(super) fn start(
     recv: RecvStream,
     decoder: Decoder,
     matcher: Arc<Matcher>,
-    me: Route,
-    peer: Route,
+    outbound: Arc<Mutex<Outbound>>,
+    peer: Envelope,
     depart_timeout: Duration,
-    max_chunk: u32,
 ) -> QuicLink {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let closer = Arc::new(Closer::default());
+    let wake = Arc::new(Notify::new());
     handle.spawn(read_loop(
         recv,
         decoder,
         matcher.clone(),
+        outbound.clone(),
+        wake.clone(),
         peer,
-        closer.clone(),
     ));
     handle.spawn(write_loop(
         conn,
         send,
-        rx,
-        closer.clone(),
+        outbound.clone(),
+        wake.clone(),
         matcher.clone(),
-        me,
         depart_timeout,
     ));
     QuicLink {
         matcher,
-        me,
-        tx,
-        closer,
-        max_chunk,
+        outbound,
+        wake,
     }
 }
 
@@ -103,55 +71,47 @@ impl QuicLink {
     }
 
     fn leave(&self, reason: CancelReason) {
-        if self.matcher.fail(LinkError::Cancelled(reason.clone())) {
-            self.closer
-                .request(reason.code, reason.detail.to_string(), true);
-        } else {
-            self.closer
-                .request(CloseCode::NORMAL, "link dropped".into(), false);
-        }
+        let depart = self
+            .matcher
+            .fail(LinkError::Cancelled(reason.clone()))
+            .then(|| Depart::new(reason.code, reason.detail.to_string()));
+        close(&self.outbound, &self.matcher, &self.wake, depart);
     }
 
     async fn send_chunk(&self, tag: Tag, payload: Bytes) -> Result<(), LinkError> {
         if let Some(err) = self.matcher.terminal() {
             return Err(err);
         }
-        if payload.len() > self.max_chunk as usize {
-            return Err(LinkError::Protocol {
-                code: CloseCode::PROTOCOL_VIOLATION,
-                detail: format!(
-                    "payload of {} bytes exceeds the {}-byte chunk limit",
-                    payload.len(),
-                    self.max_chunk
-                ),
-            });
-        }
-        let header = ChunkHeader {
-            collective: tag.collective.code(),
-            dtype: tag.dtype.code(),
-            op: tag.op,
-            step: tag.step,
-            offset: tag.offset,
-        };
-        let head = wire::encode_chunk_prefix(self.me, 0, &header, payload.len()).map_err(|e| {
-            LinkError::Protocol {
-                code: e.code(),
-                detail: e.to_string(),
-            }
-        })?;
+        let header = ChunkHeader::new(tag.collective, tag.dtype, tag.op, tag.step, tag.offset);
+        // The only suspension point; after it the frame is queued whole.
         let credit = self.matcher.acquire(payload.len()).await?;
-        self.tx
-            .send(Out {
-                head,
-                payload,
-                credit,
-            })
-            .map_err(|e| {
-                self.matcher.release(e.0.credit);
-                self.matcher
-                    .terminal()
-                    .unwrap_or_else(|| lost("link's writer has stopped"))
-            })
+        let mut out = self.outbound.lock();
+        if out.is_closing() {
+            drop(out);
+            self.matcher.release(credit);
+            return Err(self
+                .matcher
+                .terminal()
+                .unwrap_or_else(|| lost("link is closing")));
+        }
+        let mut frame = match out.chunk(&header, payload) {
+            Ok(frame) => frame,
+            Err(e) => {
+                drop(out);
+                self.matcher.release(credit);
+                return Err(LinkError::Protocol {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    detail: format!("cannot send: {e}"),
+                });
+            }
+        };
+        frame.credit = Some(credit);
+        let wake = out.push(frame);
+        drop(out);
+        if wake {
+            self.wake.notify_one();
+        }
+        Ok(())
     }
 }
 
@@ -179,101 +139,135 @@ impl Drop for QuicLink {
     }
 }
 
+/// Requests the close (first request wins) and wakes the writer to carry it out.
+fn close(outbound: &Mutex<Outbound>, matcher: &Matcher, wake: &Notify, depart: Option<Depart>) {
+    let dropped = outbound.lock().close(depart);
+    if let Some(dropped) = dropped {
+        for frame in dropped {
+            frame.release(matcher);
+        }
+        wake.notify_one();
+    }
+}
+
 async fn read_loop(
     mut recv: RecvStream,
     mut decoder: Decoder,
     matcher: Arc<Matcher>,
-    peer: Route,
-    closer: Arc<Closer>,
+    outbound: Arc<Mutex<Outbound>>,
+    wake: Arc<Notify>,
+    peer: Envelope,
 ) {
     loop {
         loop {
-            let flow = match decoder.decode() {
-                Ok(Some(frame)) => inbound::on_frame(&matcher, peer, frame),
+            let flow = match decoder.next() {
+                Ok(Some(frame)) => inbound::on_frame(&matcher, &peer, frame),
                 Ok(None) => break,
-                Err(e) => inbound::on_wire_error(&matcher, e),
+                Err(e) => inbound::on_decode_error(&matcher, &e),
             };
             if let Flow::Close(depart) = flow {
-                match depart {
-                    Some((code, detail)) => closer.request(code, detail, true),
-                    None => closer.request(CloseCode::NORMAL, "peer departed".into(), false),
-                }
+                close(&outbound, &matcher, &wake, depart);
                 return;
             }
         }
-        match recv.read_chunk(decoder.wanted().max(64 << 10), true).await {
-            Ok(Some(chunk)) => decoder.buffer().extend_from_slice(&chunk.bytes),
-            Ok(None) => {
+        match recv.read_buf(decoder.recv_buf()).await {
+            Ok(0) => {
                 inbound::on_lost(
                     &matcher,
                     "peer finished the stream without a departure".into(),
                 );
-                closer.request(CloseCode::NORMAL, "stream finished".into(), false);
+                close(&outbound, &matcher, &wake, None);
                 return;
             }
+            Ok(_) => {}
             Err(e) => {
-                matcher.fail(super::read_error(e));
-                closer.request(CloseCode::NORMAL, "connection closed".into(), false);
+                matcher.fail(io_read_error(&e));
+                close(&outbound, &matcher, &wake, None);
                 return;
             }
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn write_loop(
     conn: Connection,
     mut send: SendStream,
-    mut rx: mpsc::UnboundedReceiver<Out>,
-    closer: Arc<Closer>,
+    outbound: Arc<Mutex<Outbound>>,
+    wake: Arc<Notify>,
     matcher: Arc<Matcher>,
-    me: Route,
     depart_timeout: Duration,
 ) {
-    let mut seq = 0u64;
     let mut on_boundary = true;
     loop {
-        let next = tokio::select! {
-            biased;
-            () = closer.notify.notified() => break,
-            f = rx.recv() => f,
+        let next = outbound.lock().next();
+        let mut frame = match next {
+            Next::Frame(frame) => frame,
+            Next::Wait => {
+                wake.notified().await;
+                continue;
+            }
+            Next::Close => break,
         };
-        let Some(mut out) = next else { break };
-        seq += 1;
-        if let Some(field) = out.head.get_mut(32..40) {
-            field.copy_from_slice(&seq.to_le_bytes());
-        }
-        let mut chunks = [out.head.freeze(), out.payload];
-        let result = tokio::select! {
-            biased;
-            r = send.write_all_chunks(&mut chunks) => r,
-            () = closer.notify.notified() => {
+        let result = write_frame(&mut send, &mut frame, &outbound, &wake).await;
+        frame.release(&matcher);
+        match result {
+            Ok(()) => {}
+            Err(Stop::Closing) => {
                 // Part of a frame may be out: a departure now would corrupt the stream,
                 // and CONNECTION_CLOSE carries the same code anyway.
                 on_boundary = false;
-                matcher.release(out.credit);
                 break;
             }
-        };
-        matcher.release(out.credit);
-        if let Err(e) = result {
-            matcher.fail(super::write_error(e));
-            on_boundary = false;
-            break;
+            Err(Stop::Write(e)) => {
+                matcher.fail(write_error(e));
+                close(&outbound, &matcher, &wake, None);
+                on_boundary = false;
+                break;
+            }
         }
     }
-    rx.close();
-    while let Ok(out) = rx.try_recv() {
-        matcher.release(out.credit);
+    loop {
+        let Some(frame) = outbound.lock().pop() else {
+            break;
+        };
+        frame.release(&matcher);
     }
-    let req = closer.req.lock().take();
-    let (code, detail, depart) = req.unwrap_or((CloseCode::NORMAL, "link closed".into(), false));
-    if depart
-        && on_boundary
-        && let Some(frame) = inbound::depart_frame(me, code, &detail)
-    {
-        let _ = tokio::time::timeout(depart_timeout, send.write_all(&frame)).await;
+    let (code, detail) = outbound.lock().close_reason();
+    let depart = outbound.lock().departure();
+    if on_boundary && let Some(frame) = depart {
+        let mut chunks = frame.rest_bytes();
+        let _ = tokio::time::timeout(depart_timeout, send.write_all_chunks(&mut chunks)).await;
     }
     // Principle 1: the close is a message the peer reads whoever holds our UDP socket.
-    conn.close(VarInt::from_u32(code.0.into()), detail.as_bytes());
+    conn.close(code_of(code), detail.as_bytes());
+}
+
+enum Stop {
+    /// A close was requested while the frame was part-way out.
+    Closing,
+    Write(quinn::WriteError),
+}
+
+/// Writes the rest of `frame`, giving up as soon as a close is requested.
+async fn write_frame(
+    send: &mut SendStream,
+    frame: &mut OutFrame,
+    outbound: &Mutex<Outbound>,
+    wake: &Notify,
+) -> Result<(), Stop> {
+    while !frame.is_done() {
+        if outbound.lock().is_closing() {
+            return Err(Stop::Closing);
+        }
+        let mut chunks = frame.rest_bytes();
+        let start = chunks.iter().position(|c| !c.is_empty()).unwrap_or(1);
+        tokio::select! {
+            r = send.write_chunks(&mut chunks[start..]) => {
+                frame.off += r.map_err(Stop::Write)?.bytes;
+            }
+            // A wake-up may be a close request: re-check at the top.
+            () = wake.notified() => {}
+        }
+    }
+    Ok(())
 }

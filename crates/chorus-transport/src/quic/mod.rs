@@ -3,9 +3,11 @@
 //! Each member serves with its own self-signed certificate; a connecting member pins the
 //! fingerprint the peer table carries (no CA). The TLS client does not authenticate; the
 //! connector proves the job secret in `Hello` on the connection's first stream, exactly as
-//! over TCP, and the acceptor proves it back in `HelloAck`. Idle timeout and keep-alive
-//! are derived from the liveness configuration; every close carries the spec's code as
-//! the QUIC application error code.
+//! over TCP, and the acceptor proves it back in `HelloAck`. Both proofs are bound to the
+//! TLS session (`ChannelBinding::Tls`, keying material exported under
+//! `EXPORTER-chorus-hello`), so a `Hello` recorded on one connection fails on any other.
+//! Idle timeout and keep-alive are derived from the liveness configuration; every close
+//! carries the spec's code as the QUIC application error code.
 
 mod control;
 mod link;
@@ -13,11 +15,14 @@ mod pin;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chorus_engine::link::LinkError;
 use chorus_protocol::message::Role;
-use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
+use chorus_protocol::{
+    AcceptorConfig, ChannelBinding, CloseCode, CommId, ConnectorConfig, Epoch, JobSecret, Rank,
+};
+use parking_lot::Mutex;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{
     ConnectionError, Endpoint, IdleTimeout, ReadError, RecvStream, SendStream, VarInt, WriteError,
@@ -27,19 +32,25 @@ use tokio::sync::{Mutex as AsyncMutex, Semaphore, mpsc};
 pub use control::ControlChannel;
 pub use link::QuicLink;
 
+use crate::Route;
+use crate::admission::Admission;
 use crate::config::{Liveness, TransportConfig};
 use crate::error::TransportError;
-use crate::greeting::{self, Admission, Greeted};
+use crate::fresh;
+use crate::handshake::{self, Greeted};
 use crate::identity::{Fingerprint, Identity, SERVER_NAME};
 use crate::matcher::Matcher;
+use crate::outbound::Outbound;
 use crate::progress::Progress;
-use crate::secret::JobSecret;
-use crate::wire::{Limits, Route};
 
 /// ALPN of chorus over QUIC.
 const ALPN: &[u8] = b"chorus/1";
 /// Handshakes an endpoint runs at once.
 const MAX_PENDING_HANDSHAKES: usize = 256;
+/// The TLS exporter label both ends derive the handshake's channel binding with.
+const BINDING_LABEL: &[u8] = b"EXPORTER-chorus-hello";
+/// How long a refused stream's `Reject` may take to be acknowledged before the close.
+const REFUSAL_BUDGET: Duration = Duration::from_millis(50);
 
 /// One process's QUIC endpoint: serves peers and connects to them.
 #[derive(Clone, Debug)]
@@ -141,42 +152,43 @@ impl QuicEndpoint {
                         });
                     }
                 };
-                let timeout = inner.cfg.handshake_timeout;
+                let deadline = Instant::now() + inner.cfg.handshake_timeout;
                 let hs = async {
+                    let mut config = ConnectorConfig::new(
+                        inner.secret.clone(),
+                        me,
+                        role,
+                        fresh::nonce(),
+                        deadline,
+                    );
+                    config.peer = Some(peer);
+                    config.limits = inner.cfg.limits();
+                    config.binding = binding(&conn)?;
                     let (mut send, mut recv) = conn
                         .open_bi()
                         .await
                         .map_err(|e| TransportError::Quic(e.to_string()))?;
-                    let greeted = greeting::connect(
-                        &mut recv,
-                        &mut send,
-                        addr,
-                        &inner.secret,
-                        role,
-                        me,
-                        peer,
-                    )
-                    .await?;
+                    let greeted = handshake::connect(&mut recv, &mut send, addr, config).await?;
                     Ok::<_, TransportError>((send, recv, greeted))
                 };
-                match tokio::time::timeout(timeout, hs).await {
-                    Ok(Ok((send, recv, greeted))) => Ok(QuicConnection {
+                // `handshake::connect` bounds itself by the deadline; this bounds opening
+                // the stream too.
+                let timeout = inner.cfg.handshake_timeout;
+                let result = match tokio::time::timeout_at(deadline.into(), hs).await {
+                    Ok(r) => r,
+                    Err(_) => Err(TransportError::HandshakeTimeout { addr, timeout }),
+                };
+                match result {
+                    Ok((send, recv, greeted)) => Ok(QuicConnection {
                         conn,
                         send,
                         recv,
                         greeted,
                         endpoint: QuicEndpoint { inner },
                     }),
-                    Ok(Err(e)) => {
-                        conn.close(VarInt::from_u32(e.code().0.into()), b"handshake failed");
+                    Err(e) => {
+                        conn.close(code_of(e.code()), e.to_string().as_bytes());
                         Err(e)
-                    }
-                    Err(_) => {
-                        conn.close(
-                            VarInt::from_u32(CloseCode::DEADLINE.0.into()),
-                            b"handshake deadline",
-                        );
-                        Err(TransportError::HandshakeTimeout { addr, timeout })
                     }
                 }
             })
@@ -276,54 +288,88 @@ async fn accept_loop(
         tokio::spawn(async move {
             let _permit = permit;
             let addr = incoming.remote_address();
-            let timeout = strong.cfg.handshake_timeout;
-            let deadline = tokio::time::Instant::now() + timeout;
-            let conn = match tokio::time::timeout_at(deadline, incoming).await {
+            let deadline = Instant::now() + strong.cfg.handshake_timeout;
+            let conn = match tokio::time::timeout_at(deadline.into(), incoming).await {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => return tracing::info!(%addr, "quic handshake failed: {e}"),
                 Err(_) => return tracing::info!(%addr, "tls handshake deadline passed"),
             };
-            let hello = async {
-                let (mut send, mut recv) = conn
-                    .accept_bi()
-                    .await
-                    .map_err(|e| TransportError::Quic(e.to_string()))?;
-                let greeted =
-                    greeting::accept(&mut recv, &mut send, addr, &strong.secret, &admission)
-                        .await?;
-                Ok::<_, TransportError>((send, recv, greeted))
-            };
-            match tokio::time::timeout_at(deadline, hello).await {
-                Ok(Ok((send, recv, greeted))) => {
-                    let c = QuicConnection {
-                        conn,
-                        send,
-                        recv,
-                        greeted,
-                        endpoint: QuicEndpoint { inner: strong },
-                    };
-                    let _ = tx.send(c).await;
-                }
-                Ok(Err(e)) => {
-                    tracing::info!(%addr, code = %e.code(), "refused quic connection: {e}");
-                    // Give the Reject a moment to leave before the close discards it.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    conn.close(
-                        VarInt::from_u32(e.code().0.into()),
-                        e.to_string().as_bytes(),
-                    );
-                }
-                Err(_) => {
-                    tracing::info!(%addr, "no hello within the {timeout:?} handshake deadline");
-                    let reason = format!("no hello within {timeout:?}");
-                    conn.close(
-                        VarInt::from_u32(CloseCode::DEADLINE.0.into()),
-                        reason.as_bytes(),
-                    );
-                }
+            if let Some(c) = greet(&strong, conn, addr, deadline, &admission).await {
+                let c = QuicConnection {
+                    conn: c.0,
+                    send: c.1,
+                    recv: c.2,
+                    greeted: c.3,
+                    endpoint: QuicEndpoint { inner: strong },
+                };
+                // An endpoint nobody accepts from any more drops the connection (closed).
+                let _ = tx.send(c).await;
             }
         });
     }
+}
+
+/// The acceptor's half on a TLS connection: the first stream, the `Hello` by `deadline`,
+/// the answer; on refusal the `Reject` is given a moment to arrive, then the connection
+/// closes with its code.
+async fn greet(
+    inner: &Inner,
+    conn: quinn::Connection,
+    addr: SocketAddr,
+    deadline: Instant,
+    admission: &Admission,
+) -> Option<(quinn::Connection, SendStream, RecvStream, Greeted)> {
+    let timeout = inner.cfg.handshake_timeout;
+    let binding = match binding(&conn) {
+        Ok(b) => b,
+        Err(e) => {
+            conn.close(code_of(CloseCode::INTERNAL), e.to_string().as_bytes());
+            return None;
+        }
+    };
+    let stream = match tokio::time::timeout_at(deadline.into(), conn.accept_bi()).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::info!(%addr, "quic connection ended before its first stream: {e}");
+            return None;
+        }
+        Err(_) => {
+            tracing::info!(%addr, "no stream within the {timeout:?} handshake deadline");
+            let reason = format!("no hello within {timeout:?}");
+            conn.close(code_of(CloseCode::DEADLINE), reason.as_bytes());
+            return None;
+        }
+    };
+    let (mut send, mut recv) = stream;
+    let mut config = AcceptorConfig::new(inner.secret.clone(), fresh::nonce(), deadline);
+    config.binding = binding;
+    config.limits = inner.cfg.limits();
+    match handshake::accept(&mut recv, &mut send, addr, config, admission).await {
+        Ok(greeted) => Some((conn, send, recv, greeted)),
+        Err(e) => {
+            tracing::info!(%addr, code = %e.code(), "refused quic connection: {e}");
+            // Let the `Reject` reach the peer before the close discards what is unsent.
+            if send.finish().is_ok() {
+                let _ = tokio::time::timeout(REFUSAL_BUDGET, send.stopped()).await;
+            }
+            conn.close(code_of(e.code()), e.to_string().as_bytes());
+            None
+        }
+    }
+}
+
+/// The handshake's channel binding: keying material exported from this TLS session,
+/// identical on both ends and on no other session.
+fn binding(conn: &quinn::Connection) -> Result<ChannelBinding, TransportError> {
+    let mut b = [0u8; 32];
+    conn.export_keying_material(&mut b, BINDING_LABEL, b"")
+        .map_err(|_| TransportError::Quic("cannot export tls keying material".into()))?;
+    Ok(ChannelBinding::Tls(b))
+}
+
+/// A close code as a QUIC application error code.
+fn code_of(code: CloseCode) -> VarInt {
+    VarInt::from_u32(code.0.into())
 }
 
 /// An authenticated QUIC connection with its first stream, tagged with what the
@@ -339,16 +385,17 @@ pub struct QuicConnection {
 
 impl QuicConnection {
     pub fn role(&self) -> Role {
-        self.greeted.role
+        self.greeted.role()
     }
     pub fn comm(&self) -> CommId {
-        self.greeted.peer.comm
+        self.greeted.established.comm
     }
+    /// The peer's epoch, as its handshake frame stated it.
     pub fn epoch(&self) -> Epoch {
-        self.greeted.peer.epoch
+        self.greeted.established.peer_epoch
     }
     pub fn peer_rank(&self) -> Rank {
-        self.greeted.peer.sender
+        self.greeted.established.peer
     }
     pub fn local_rank(&self) -> Rank {
         self.greeted.me.sender
@@ -357,43 +404,59 @@ impl QuicConnection {
         self.conn.remote_address()
     }
 
-    /// The data link over this connection's stream.
-    pub fn into_link(self) -> QuicLink {
+    /// The data link over a `Role::Data` connection's stream.
+    pub fn into_link(self) -> Result<QuicLink, TransportError> {
+        let role = self.role();
+        if role != Role::Data {
+            self.conn.close(
+                code_of(CloseCode::INTERNAL),
+                b"connection opened for another role",
+            );
+            return Err(TransportError::WrongRole {
+                expected: Role::Data,
+                found: role,
+            });
+        }
         let cfg = &self.endpoint.inner.cfg;
+        let peer = self.greeted.peer();
         let Greeted {
             me,
-            peer,
-            mut decoder,
+            encoder,
+            decoder,
             ..
         } = self.greeted;
-        decoder.set_limits(Limits::data(cfg.max_chunk));
         let matcher = Arc::new(Matcher::new(peer.sender, cfg.held_limit, cfg.send_window));
-        link::start(
+        let outbound = Arc::new(Mutex::new(Outbound::new(encoder, me)));
+        Ok(link::start(
             self.endpoint.inner.progress.handle(),
             self.conn,
             self.send,
             self.recv,
             decoder,
             matcher,
-            me,
+            outbound,
             peer,
             cfg.depart_timeout,
-            cfg.max_chunk,
-        )
+        ))
     }
 
-    /// The control-plane message channel over this connection's stream.
+    /// The control-plane message channel over this connection's stream (member,
+    /// bootstrap, joiner, status and launcher roles; the role's gate decides which kinds
+    /// each side may send).
     pub fn into_control(self) -> ControlChannel {
+        let peer = self.greeted.peer();
         let Greeted {
-            me, peer, decoder, ..
+            me,
+            encoder,
+            decoder,
+            ..
         } = self.greeted;
-        let mut decoder = decoder;
-        decoder.set_limits(Limits::data(0));
         control::ControlChannel::new(
             self.endpoint.inner.clone(),
             self.conn,
             self.send,
             self.recv,
+            encoder,
             decoder,
             me,
             peer,
@@ -421,10 +484,22 @@ fn connection_error(e: &ConnectionError) -> LinkError {
     }
 }
 
-fn read_error(e: ReadError) -> LinkError {
+fn read_error(e: &ReadError) -> LinkError {
     match e {
-        ReadError::ConnectionLost(c) => connection_error(&c),
+        ReadError::ConnectionLost(c) => connection_error(c),
         other => lost(&format!("read: {other}")),
+    }
+}
+
+/// A stream read through `AsyncRead` fails with an `io::Error` wrapping quinn's error;
+/// unwrap it so an application close still reads as the peer's departure with its code.
+fn io_read_error(e: &std::io::Error) -> LinkError {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<ReadError>())
+    {
+        Some(re) => read_error(re),
+        None => lost(&format!("read: {e}")),
     }
 }
 

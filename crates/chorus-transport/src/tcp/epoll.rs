@@ -1,33 +1,30 @@
-//! The epoll backend: one reader and one writer task per connection on the progress
+//! The epoll backend: a reader task and a writer task per connection on the progress
 //! thread's tokio runtime. Same semantics as the io_uring backend; the shared test suite
 //! runs against both.
 
-use std::io::IoSlice;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use chorus_protocol::{Decoder, Envelope};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Handle;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
-use super::frame::OutFrame;
 use super::socket;
 use crate::inbound::{self, Flow};
 use crate::matcher::Matcher;
-use crate::wire::{Decoder, Route};
+use crate::outbound::{Next, OutFrame, Outbound};
 
-/// Smallest read we ask the kernel for, so small frames arrive in few system calls.
-const MIN_READ: usize = 64 << 10;
-
-/// The link's handle on its two tasks.
+/// The link's handle on its connection's tasks.
 #[derive(Debug)]
 pub(crate) struct EpollConn {
-    tx: mpsc::UnboundedSender<OutFrame>,
-    closer: Arc<Closer>,
+    stream: Arc<TcpStream>,
+    wake: Arc<Notify>,
 }
 
 impl EpollConn {
@@ -36,189 +33,199 @@ impl EpollConn {
         stream: TcpStream,
         decoder: Decoder,
         matcher: Arc<Matcher>,
-        peer: Route,
-        me: Route,
+        outbound: Arc<Mutex<Outbound>>,
+        peer: Envelope,
         depart_timeout: Duration,
     ) -> Self {
-        let (r, w) = stream.into_split();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let closer = Arc::new(Closer::default());
+        let stream = Arc::new(stream);
+        let wake = Arc::new(Notify::new());
         handle.spawn(read_loop(
-            r,
+            stream.clone(),
             decoder,
             matcher.clone(),
+            outbound.clone(),
+            wake.clone(),
             peer,
-            me,
-            closer.clone(),
         ));
-        handle.spawn(write_loop(w, rx, closer.clone(), matcher, depart_timeout));
-        Self { tx, closer }
+        handle.spawn(write_loop(
+            stream.clone(),
+            outbound,
+            wake.clone(),
+            matcher,
+            depart_timeout,
+        ));
+        Self { stream, wake }
     }
 
-    /// Queues a frame; hands it back if the writer has stopped.
-    pub(crate) fn submit(&self, frame: OutFrame) -> Result<(), OutFrame> {
-        self.tx.send(frame).map_err(|e| e.0)
+    /// Wakes the writer (frames queued or a close requested). `notify_one` stores a permit
+    /// if the writer is not waiting yet, so no wake-up is lost.
+    pub(crate) fn kick(&self) {
+        self.wake.notify_one();
     }
 
-    /// Asks the writer to send `depart` (if any) and shut the connection; idempotent.
-    pub(crate) fn close(&self, depart: Option<Bytes>) {
-        self.closer.request(depart);
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
     }
 }
 
-/// The one-way close request: the first request's departure wins.
-#[derive(Debug, Default)]
-struct Closer {
-    req: Mutex<Option<Option<Bytes>>>,
-    notify: Notify,
-}
-
-impl Closer {
-    fn request(&self, depart: Option<Bytes>) {
-        {
-            let mut req = self.req.lock();
-            if req.is_some() {
-                return;
-            }
-            *req = Some(depart);
+/// Requests the close from the reader's side and wakes the writer to carry it out.
+fn close(
+    outbound: &Mutex<Outbound>,
+    matcher: &Matcher,
+    wake: &Notify,
+    depart: Option<chorus_protocol::message::Depart>,
+) {
+    let dropped = outbound.lock().close(depart);
+    if let Some(dropped) = dropped {
+        for frame in dropped {
+            frame.release(matcher);
         }
-        // notify_one stores a permit if the writer is not waiting yet: no lost wake-up.
-        self.notify.notify_one();
-    }
-
-    fn take_depart(&self) -> Option<Bytes> {
-        self.req.lock().as_mut().and_then(Option::take)
+        wake.notify_one();
     }
 }
 
 async fn read_loop(
-    mut r: OwnedReadHalf,
+    stream: Arc<TcpStream>,
     mut decoder: Decoder,
     matcher: Arc<Matcher>,
-    peer: Route,
-    me: Route,
-    closer: Arc<Closer>,
+    outbound: Arc<Mutex<Outbound>>,
+    wake: Arc<Notify>,
+    peer: Envelope,
 ) {
     loop {
         loop {
-            match decoder.decode() {
-                Ok(Some(frame)) => match inbound::on_frame(&matcher, peer, frame) {
-                    Flow::Continue => {}
-                    Flow::Close(depart) => {
-                        closer.request(depart.and_then(|(c, d)| inbound::depart_frame(me, c, &d)));
-                        return;
-                    }
-                },
+            let flow = match decoder.next() {
+                Ok(Some(frame)) => inbound::on_frame(&matcher, &peer, frame),
                 Ok(None) => break,
-                Err(e) => {
-                    let Flow::Close(depart) = inbound::on_wire_error(&matcher, e) else {
-                        return;
-                    };
-                    closer.request(depart.and_then(|(c, d)| inbound::depart_frame(me, c, &d)));
-                    return;
-                }
-            }
-        }
-        let want = decoder.wanted().max(MIN_READ);
-        let buf = decoder.buffer();
-        buf.reserve(want);
-        match r.read_buf(buf).await {
-            Ok(0) => {
-                inbound::on_lost(
-                    &matcher,
-                    "peer closed the connection without a departure".into(),
-                );
-                closer.request(None);
-                return;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                inbound::on_lost(&matcher, format!("read: {e}"));
-                closer.request(None);
+                Err(e) => inbound::on_decode_error(&matcher, &e),
+            };
+            if let Flow::Close(depart) = flow {
+                close(&outbound, &matcher, &wake, depart);
                 return;
             }
         }
+        let read = loop {
+            if let Err(e) = stream.readable().await {
+                break Err(e);
+            }
+            // Straight into the decoder's buffer, which has room for the whole frame in
+            // progress: a chunk's payload is never copied on the way in.
+            match stream.try_read_buf(decoder.recv_buf()) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => break other,
+            }
+        };
+        let detail = match read {
+            Ok(0) => "peer closed the connection without a departure".to_string(),
+            Ok(_) => continue,
+            Err(e) => format!("read: {e}"),
+        };
+        inbound::on_lost(&matcher, detail);
+        close(&outbound, &matcher, &wake, None);
+        return;
     }
 }
 
 async fn write_loop(
-    mut w: OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<OutFrame>,
-    closer: Arc<Closer>,
+    stream: Arc<TcpStream>,
+    outbound: Arc<Mutex<Outbound>>,
+    wake: Arc<Notify>,
     matcher: Arc<Matcher>,
     depart_timeout: Duration,
 ) {
-    let mut seq = 0u64;
+    // Whether the stream is on a frame boundary, where a departure may start.
     let mut on_boundary = true;
     loop {
-        let next = tokio::select! {
-            biased;
-            () = closer.notify.notified() => break,
-            f = rx.recv() => f,
-        };
-        let Some(mut frame) = next else { break };
-        seq += 1;
-        frame.stamp(seq);
-        let credit = frame.credit.take();
-        let result = {
-            let write = write_frame(&mut w, &frame);
-            tokio::pin!(write);
-            tokio::select! {
-                biased;
-                r = &mut write => r,
-                () = closer.notify.notified() => {
-                    // Finish the frame (within the departure budget) so the departure
-                    // starts on a frame boundary; otherwise skip the departure.
-                    match tokio::time::timeout(depart_timeout, write).await {
-                        Ok(Ok(())) => {}
-                        _ => on_boundary = false,
-                    }
-                    if let Some(c) = credit {
-                        matcher.release(c);
-                    }
-                    break;
-                }
+        let next = outbound.lock().next();
+        let mut frame = match next {
+            Next::Frame(frame) => frame,
+            Next::Wait => {
+                wake.notified().await;
+                continue;
             }
+            Next::Close => break,
         };
-        if let Some(c) = credit {
-            matcher.release(c);
+        let result = write_frame(&stream, &mut frame, &outbound, &wake, depart_timeout).await;
+        frame.release(&matcher);
+        match result {
+            Ok(()) => {}
+            Err(Stop::Budget) => {
+                on_boundary = false;
+                break;
+            }
+            Err(Stop::Io(e)) => {
+                inbound::on_lost(&matcher, format!("write: {e}"));
+                close(&outbound, &matcher, &wake, None);
+                on_boundary = false;
+                break;
+            }
         }
-        if let Err(e) = result {
-            inbound::on_lost(&matcher, format!("write: {e}"));
-            on_boundary = false;
+    }
+    // Frames queued behind a torn one are dropped with the link (credit returned).
+    loop {
+        let Some(frame) = outbound.lock().pop() else {
             break;
-        }
+        };
+        frame.release(&matcher);
     }
-    // Whatever the reason we stopped: frames not yet written are dropped with the link.
-    rx.close();
-    while let Ok(mut f) = rx.try_recv() {
-        if let Some(c) = f.credit.take() {
-            matcher.release(c);
-        }
-    }
-    if on_boundary && let Some(depart) = closer.take_depart() {
-        let _ = tokio::time::timeout(depart_timeout, w.write_all(&depart)).await;
+    let depart = outbound.lock().departure();
+    if on_boundary && let Some(mut depart) = depart {
+        let deadline = Instant::now() + depart_timeout;
+        let _ = tokio::time::timeout_at(deadline, async {
+            while !depart.is_done() {
+                let n = write_some(&stream, &depart).await?;
+                depart.off += n;
+            }
+            Ok::<_, io::Error>(())
+        })
+        .await;
     }
     // Principle 1: shutdown before close, so a forked duplicate cannot hide the close.
-    socket::shutdown_of(w.as_ref());
+    socket::shutdown_of(&*stream);
 }
 
-async fn write_frame(w: &mut OwnedWriteHalf, frame: &OutFrame) -> std::io::Result<()> {
-    let head = &frame.head[..];
-    let payload = &frame.payload[..];
-    let total = head.len() + payload.len();
-    let mut off = 0;
-    while off < total {
-        let n = if off < head.len() {
-            w.write_vectored(&[IoSlice::new(&head[off..]), IoSlice::new(payload)])
-                .await?
-        } else {
-            w.write(&payload[off - head.len()..]).await?
-        };
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
+enum Stop {
+    /// A close was requested and the frame did not finish within the departure budget.
+    Budget,
+    Io(io::Error),
+}
+
+/// Writes the rest of `frame`. Once a close is requested, the frame gets the departure
+/// budget to finish (so the departure can start on a boundary) and no more.
+async fn write_frame(
+    stream: &TcpStream,
+    frame: &mut OutFrame,
+    outbound: &Mutex<Outbound>,
+    wake: &Notify,
+    depart_timeout: Duration,
+) -> Result<(), Stop> {
+    let mut deadline: Option<Instant> = None;
+    while !frame.is_done() {
+        if deadline.is_none() && outbound.lock().is_closing() {
+            deadline = Some(Instant::now() + depart_timeout);
         }
-        off += n;
+        let n = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, write_some(stream, frame)).await {
+                Ok(r) => r.map_err(Stop::Io)?,
+                Err(_) => return Err(Stop::Budget),
+            },
+            None => tokio::select! {
+                r = write_some(stream, frame) => r.map_err(Stop::Io)?,
+                // A wake-up may be a close request: re-check (queued frames wait anyway).
+                () = wake.notified() => continue,
+            },
+        };
+        frame.off += n;
     }
     Ok(())
+}
+
+/// One `sendmsg` of what is left of `frame` once the socket is writable.
+async fn write_some(stream: &TcpStream, frame: &OutFrame) -> io::Result<usize> {
+    let (head, payload) = frame.rest();
+    stream
+        .async_io(Interest::WRITABLE, || {
+            socket::send_vectored(stream.as_fd(), head, payload)
+        })
+        .await
 }

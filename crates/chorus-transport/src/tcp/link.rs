@@ -1,29 +1,41 @@
 //! `TcpLink`: the engine's `Link` over one authenticated TCP connection, on either backend.
+//!
+//! A `send` that finds the stream idle writes its frame on the caller's thread with one
+//! non-blocking `sendmsg` (header and payload as two iovecs, the payload uncopied); only
+//! what the socket does not take at once goes to the backend's writer. Receives complete on
+//! the backend's progress thread, which wakes the waiting `recv` directly.
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
-use chorus_protocol::message::ChunkHeader;
-use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
+use chorus_protocol::message::{ChunkHeader, Depart};
+use chorus_protocol::{CloseCode, CommId, Envelope, Epoch, Rank};
+use parking_lot::Mutex;
 
 use super::BackendKind;
 use super::epoll::EpollConn;
-use super::frame::OutFrame;
+use super::socket;
 use super::uring::UringConn;
 use crate::inbound;
 use crate::matcher::Matcher;
-use crate::wire::{self, Route};
+use crate::outbound::Outbound;
+
+/// Frames up to this size (header included) are written on the caller's thread when the
+/// stream is idle. Larger ones go to the backend (io_uring may send them zero-copy); at
+/// their size a thread hop costs nothing measurable.
+const DIRECT_MAX: usize = 64 << 10;
 
 /// A data link to one peer over TCP. Cancel it (or drop it) to leave: the peer sees a
 /// departure frame, then a connection-level close that no forked child can hold open.
 #[derive(Debug)]
 pub struct TcpLink {
     pub(super) matcher: Arc<Matcher>,
-    pub(super) me: Route,
-    pub(super) peer: Route,
+    pub(super) outbound: Arc<Mutex<Outbound>>,
+    /// The peer's envelope (communicator, epoch, rank) as the handshake established it.
+    pub(super) peer: Envelope,
     pub(super) io: Io,
-    pub(super) max_chunk: u32,
 }
 
 #[derive(Debug)]
@@ -33,17 +45,18 @@ pub(super) enum Io {
 }
 
 impl Io {
-    fn submit(&self, frame: OutFrame) -> Result<(), OutFrame> {
+    /// Wakes the writer: frames are queued, or a close was requested.
+    fn kick(&self) {
         match self {
-            Io::Epoll(c) => c.submit(frame),
-            Io::Uring(c) => c.submit(frame),
+            Io::Epoll(c) => c.kick(),
+            Io::Uring(c) => c.kick(),
         }
     }
 
-    fn close(&self, depart: Option<Bytes>) {
+    fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Io::Epoll(c) => c.close(depart),
-            Io::Uring(c) => c.close(depart),
+            Io::Epoll(c) => c.fd(),
+            Io::Uring(c) => c.fd(),
         }
     }
 }
@@ -67,61 +80,86 @@ impl TcpLink {
         self.matcher.terminal()
     }
 
-    /// Leaves with `code` unless the link already failed; what `cancel` and `Drop` share.
+    /// Fails the link locally and asks the writer to depart and shut the connection; what
+    /// `cancel` and `Drop` share. Only the first failure sends a departure.
     fn leave(&self, reason: CancelReason) {
-        if self.matcher.fail(LinkError::Cancelled(reason.clone())) {
-            self.io
-                .close(inbound::depart_frame(self.me, reason.code, &reason.detail));
-        } else {
-            self.io.close(None);
+        let depart = self
+            .matcher
+            .fail(LinkError::Cancelled(reason.clone()))
+            .then(|| Depart::new(reason.code, reason.detail.to_string()));
+        self.close(depart);
+    }
+
+    fn close(&self, depart: Option<Depart>) {
+        let dropped = self.outbound.lock().close(depart);
+        if let Some(dropped) = dropped {
+            for frame in dropped {
+                frame.release(&self.matcher);
+            }
+            self.io.kick();
         }
+    }
+
+    fn stopped(&self) -> LinkError {
+        self.matcher
+            .terminal()
+            .unwrap_or_else(|| LinkError::ConnectionLost {
+                detail: "link is closing".into(),
+            })
     }
 
     async fn send_chunk(&self, tag: Tag, payload: Bytes) -> Result<(), LinkError> {
         if let Some(err) = self.matcher.terminal() {
             return Err(err);
         }
-        if payload.len() > self.max_chunk as usize {
-            return Err(LinkError::Protocol {
-                code: CloseCode::PROTOCOL_VIOLATION,
-                detail: format!(
-                    "payload of {} bytes exceeds the {}-byte chunk limit",
-                    payload.len(),
-                    self.max_chunk
-                ),
-            });
-        }
-        let header = ChunkHeader {
-            collective: tag.collective.code(),
-            dtype: tag.dtype.code(),
-            op: tag.op,
-            step: tag.step,
-            offset: tag.offset,
-        };
-        let head = wire::encode_chunk_prefix(self.me, 0, &header, payload.len()).map_err(|e| {
-            LinkError::Protocol {
-                code: e.code(),
-                detail: e.to_string(),
-            }
-        })?;
+        let header = ChunkHeader::new(tag.collective, tag.dtype, tag.op, tag.step, tag.offset);
         // Awaiting credit is the only suspension point; once it is granted the frame is
-        // queued whole, so dropping this future never leaves a partial frame.
+        // written or queued whole, so dropping this future never leaves a partial frame.
         let credit = self.matcher.acquire(payload.len()).await?;
-        let frame = OutFrame {
-            head,
-            payload,
-            credit: Some(credit),
-        };
-        self.io.submit(frame).map_err(|mut f| {
-            if let Some(c) = f.credit.take() {
-                self.matcher.release(c);
+        let mut out = self.outbound.lock();
+        if out.is_closing() {
+            drop(out);
+            self.matcher.release(credit);
+            return Err(self.stopped());
+        }
+        let mut frame = match out.chunk(&header, payload) {
+            Ok(frame) => frame,
+            Err(e) => {
+                drop(out);
+                self.matcher.release(credit);
+                // Nothing reached the wire: the link stays usable.
+                return Err(LinkError::Protocol {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    detail: format!("cannot send: {e}"),
+                });
             }
-            self.matcher
-                .terminal()
-                .unwrap_or_else(|| LinkError::ConnectionLost {
-                    detail: "link's writer has stopped".into(),
-                })
-        })
+        };
+        if out.is_idle() && frame.len() <= DIRECT_MAX {
+            let (head, rest) = frame.rest();
+            match socket::send_vectored(self.io.fd(), head, rest) {
+                Ok(n) => frame.off += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    drop(out);
+                    self.matcher.release(credit);
+                    inbound::on_lost(&self.matcher, format!("send: {e}"));
+                    self.close(None);
+                    return Err(self.stopped());
+                }
+            }
+            if frame.is_done() {
+                drop(out);
+                self.matcher.release(credit);
+                return Ok(());
+            }
+        }
+        frame.credit = Some(credit);
+        let wake = out.push(frame);
+        drop(out);
+        if wake {
+            self.io.kick();
+        }
+        Ok(())
     }
 }
 

@@ -2,7 +2,6 @@
 //! `connect` with deadlines and backoff, and the data `Link` over a connection.
 
 mod epoll;
-mod frame;
 mod link;
 pub(crate) mod socket;
 mod uring;
@@ -10,24 +9,28 @@ mod uring;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chorus_protocol::message::Role;
-use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
-use tokio::io::AsyncWriteExt;
+use chorus_protocol::{
+    AcceptorConfig, CommId, ConnectorConfig, Decoder, Encoder, Envelope, Epoch, JobSecret, Rank,
+};
+use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
 pub use link::TcpLink;
 
+use crate::Route;
+use crate::admission::Admission;
 use crate::config::{Backend, TransportConfig};
 use crate::error::TransportError;
-use crate::greeting::{self, Admission, Greeted};
+use crate::fresh;
+use crate::handshake::{self, Greeted};
 use crate::matcher::Matcher;
+use crate::outbound::Outbound;
 use crate::progress::Progress;
-use crate::secret::JobSecret;
-use crate::wire::{self, Limits, Route};
 
 /// The backend a transport actually runs (what `Backend::Auto` resolved to).
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
@@ -145,24 +148,22 @@ impl TcpTransport {
             .progress
             .run(async move {
                 let mut stream = socket::connect(addr, &inner.cfg).await?;
-                let timeout = inner.cfg.handshake_timeout;
+                let deadline = Instant::now() + inner.cfg.handshake_timeout;
+                let mut config =
+                    ConnectorConfig::new(inner.secret.clone(), me, role, fresh::nonce(), deadline);
+                config.peer = Some(peer);
+                config.limits = inner.cfg.limits();
                 let (mut r, mut w) = stream.split();
-                let hs = greeting::connect(&mut r, &mut w, addr, &inner.secret, role, me, peer);
-                let result = tokio::time::timeout(timeout, hs).await;
-                match result {
-                    Ok(Ok(greeted)) => Ok(TcpConnection {
-                        stream,
+                match handshake::connect(&mut r, &mut w, addr, config).await {
+                    Ok(greeted) => Ok(TcpConnection {
+                        stream: Some(stream),
                         greeted,
                         addr,
                         transport: TcpTransport { inner },
                     }),
-                    Ok(Err(e)) => {
+                    Err(e) => {
                         socket::shutdown_of(&stream);
                         Err(e)
-                    }
-                    Err(_) => {
-                        socket::shutdown_of(&stream);
-                        Err(TransportError::HandshakeTimeout { addr, timeout })
                     }
                 }
             })
@@ -207,74 +208,94 @@ impl Drop for TcpListener {
     }
 }
 
-/// An authenticated connection, tagged with what the handshake established.
+/// An authenticated connection, tagged with what the handshake established. Dropping it
+/// unused shuts the socket down (principle 1).
 #[derive(Debug)]
 pub struct TcpConnection {
-    stream: TcpStream,
+    /// `None` only once moved into a link or handed out raw.
+    stream: Option<TcpStream>,
     greeted: Greeted,
     addr: SocketAddr,
     transport: TcpTransport,
 }
 
+/// A connection handed out raw, for callers that speak the wire themselves (tests, tools):
+/// the blocking socket and the stream's framing state right after the handshake. The caller
+/// owns the close (`shutdown` first).
+#[derive(Debug)]
+pub struct RawConnection {
+    pub stream: std::net::TcpStream,
+    /// Our envelope on the stream.
+    pub me: Envelope,
+    /// Continues the sequence after our handshake frame.
+    pub encoder: Encoder,
+    /// Past the handshake, in the established role; holds any bytes read beyond it.
+    pub decoder: Decoder,
+}
+
 impl TcpConnection {
     pub fn role(&self) -> Role {
-        self.greeted.role
+        self.greeted.role()
     }
     pub fn comm(&self) -> CommId {
-        self.greeted.peer.comm
+        self.greeted.established.comm
     }
+    /// The peer's epoch, as its handshake frame stated it.
     pub fn epoch(&self) -> Epoch {
-        self.greeted.peer.epoch
+        self.greeted.established.peer_epoch
     }
     /// The peer's rank in `comm` at `epoch`.
     pub fn peer_rank(&self) -> Rank {
-        self.greeted.peer.sender
+        self.greeted.established.peer
     }
     /// Our rank, as the handshake established it.
     pub fn local_rank(&self) -> Rank {
         self.greeted.me.sender
     }
+    /// The protocol version the handshake negotiated.
     pub fn version(&self) -> u16 {
-        self.greeted.version
+        u16::from(self.greeted.established.version)
     }
     pub fn peer_addr(&self) -> SocketAddr {
         self.addr
     }
 
-    /// The raw socket and any bytes read past the handshake, for callers that speak the
-    /// wire themselves (tests, tools). The caller owns the close (`shutdown` first).
-    pub fn into_stream(self) -> Result<(std::net::TcpStream, bytes::BytesMut), TransportError> {
-        let TcpConnection {
-            stream,
-            mut greeted,
-            ..
-        } = self;
+    /// The raw socket and the stream's framing state (see [`RawConnection`]).
+    pub fn into_stream(mut self) -> Result<RawConnection, TransportError> {
+        let stream = self.take_stream()?;
         let std = stream
             .into_std()
             .map_err(TransportError::io("detach socket from tokio"))?;
         std.set_nonblocking(false)
             .map_err(TransportError::io("set blocking"))?;
-        Ok((std, greeted.decoder.buffer().split()))
+        let (me, encoder, decoder) = self.take_framing();
+        Ok(RawConnection {
+            stream: std,
+            me,
+            encoder,
+            decoder,
+        })
     }
 
-    /// Turns the connection into the data link to its peer, on the transport's backend.
-    pub fn into_link(self) -> Result<TcpLink, TransportError> {
-        let TcpConnection {
-            stream,
-            greeted,
-            transport,
-            addr,
-        } = self;
+    /// Turns a `Role::Data` connection into the data link to its peer, on the transport's
+    /// backend.
+    pub fn into_link(mut self) -> Result<TcpLink, TransportError> {
+        let role = self.role();
+        if role != Role::Data {
+            return Err(TransportError::WrongRole {
+                expected: Role::Data,
+                found: role,
+            });
+        }
+        let stream = self.take_stream()?;
+        let peer = self.greeted.peer();
+        let addr = self.addr;
+        let transport = self.transport.clone();
+        let (me, encoder, decoder) = self.take_framing();
         let inner = &transport.inner;
         let cfg = &inner.cfg;
-        let Greeted {
-            me,
-            peer,
-            mut decoder,
-            ..
-        } = greeted;
-        decoder.set_limits(Limits::data(cfg.max_chunk));
         let matcher = Arc::new(Matcher::new(peer.sender, cfg.held_limit, cfg.send_window));
+        let outbound = Arc::new(Mutex::new(Outbound::new(encoder, me)));
         let io = match &inner.ring {
             Some(ring) => {
                 let std = stream
@@ -282,7 +303,14 @@ impl TcpConnection {
                     .map_err(TransportError::io("detach socket from tokio"))?;
                 let fd = OwnedFd::from(std);
                 let zc = cfg.zero_copy_threshold.effective(addr.ip().is_loopback());
-                link::Io::Uring(ring.attach(fd, decoder, matcher.clone(), peer, me, zc))
+                link::Io::Uring(ring.attach(
+                    fd,
+                    decoder,
+                    matcher.clone(),
+                    outbound.clone(),
+                    peer,
+                    zc,
+                ))
             }
             None => {
                 let _guard = inner.progress.handle().enter();
@@ -291,19 +319,41 @@ impl TcpConnection {
                     stream,
                     decoder,
                     matcher.clone(),
+                    outbound.clone(),
                     peer,
-                    me,
                     cfg.depart_timeout,
                 ))
             }
         };
         Ok(TcpLink {
             matcher,
-            me,
+            outbound,
             peer,
             io,
-            max_chunk: cfg.max_chunk,
         })
+    }
+
+    fn take_stream(&mut self) -> Result<TcpStream, TransportError> {
+        self.stream.take().ok_or(TransportError::Shutdown)
+    }
+
+    /// The framing state, leaving a spent placeholder behind (the connection is consumed).
+    fn take_framing(&mut self) -> (Envelope, Encoder, Decoder) {
+        let limits = *self.greeted.decoder.limits();
+        let encoder = std::mem::take(&mut self.greeted.encoder);
+        let decoder = std::mem::replace(
+            &mut self.greeted.decoder,
+            Decoder::new(chorus_protocol::Side::Acceptor, limits),
+        );
+        (self.greeted.me, encoder, decoder)
+    }
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        if let Some(stream) = &self.stream {
+            socket::shutdown_of(stream);
+        }
     }
 }
 
@@ -347,31 +397,20 @@ async fn handshake_one(
     inner: Arc<Inner>,
     admission: &Admission,
 ) -> Option<TcpConnection> {
-    let timeout = inner.cfg.handshake_timeout;
+    let deadline = Instant::now() + inner.cfg.handshake_timeout;
+    let mut config = AcceptorConfig::new(inner.secret.clone(), fresh::nonce(), deadline);
+    config.limits = inner.cfg.limits();
     let (mut r, mut w) = stream.split();
-    let hs = greeting::accept(&mut r, &mut w, addr, &inner.secret, admission);
-    match tokio::time::timeout(timeout, hs).await {
-        Ok(Ok(greeted)) => Some(TcpConnection {
-            stream,
+    match handshake::accept(&mut r, &mut w, addr, config, admission).await {
+        Ok(greeted) => Some(TcpConnection {
+            stream: Some(stream),
             greeted,
             addr,
             transport: TcpTransport { inner },
         }),
-        Ok(Err(e)) => {
+        Err(e) => {
+            // The `Reject` with the code is already on its way; now the close.
             tracing::info!(%addr, code = %e.code(), "refused connection: {e}");
-            socket::shutdown_of(&stream);
-            None
-        }
-        Err(_) => {
-            tracing::info!(%addr, "handshake deadline ({timeout:?}) passed; closing");
-            let msg = chorus_protocol::message::Message::Reject(chorus_protocol::message::Reject {
-                code: CloseCode::DEADLINE,
-                detail: format!("no hello within {timeout:?}"),
-            });
-            if let Ok(bytes) = wire::encode(Route::UNKNOWN, 0, &msg) {
-                let _ =
-                    tokio::time::timeout(Duration::from_millis(50), stream.write_all(&bytes)).await;
-            }
             socket::shutdown_of(&stream);
             None
         }

@@ -86,3 +86,69 @@ pub(crate) fn shutdown(fd: BorrowedFd<'_>) {
 pub(crate) fn shutdown_of(s: &impl AsFd) {
     shutdown(s.as_fd());
 }
+
+/// One non-blocking `sendmsg` of `head` then `payload` (either may be empty): the bytes the
+/// socket took, or `WouldBlock`. `MSG_NOSIGNAL`, so a peer that reset the connection is an
+/// `EPIPE` error here, never a `SIGPIPE` that kills an embedding process.
+pub(crate) fn send_vectored(fd: BorrowedFd<'_>, head: &[u8], payload: &[u8]) -> io::Result<usize> {
+    let mut iov = [
+        libc::iovec {
+            iov_base: head.as_ptr().cast_mut().cast(),
+            iov_len: head.len(),
+        },
+        libc::iovec {
+            iov_base: payload.as_ptr().cast_mut().cast(),
+            iov_len: payload.len(),
+        },
+    ];
+    let (iov_ptr, iov_len) = if head.is_empty() {
+        (iov[1..].as_mut_ptr(), 1)
+    } else {
+        (iov.as_mut_ptr(), 2)
+    };
+    // SAFETY: a zeroed msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov_ptr;
+    msg.msg_iovlen = iov_len;
+    loop {
+        // SAFETY: `fd` is a live socket for the borrow; the iovecs point into `head` and
+        // `payload`, which outlive the call, and the kernel only reads through them.
+        let n = unsafe {
+            libc::sendmsg(
+                fd.as_raw_fd(),
+                &msg,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    #[test]
+    fn send_vectored_writes_head_then_payload_and_reports_a_reset_as_an_error() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        assert_eq!(send_vectored(c.as_fd(), b"head", b"payload").unwrap(), 11);
+        assert_eq!(send_vectored(c.as_fd(), b"", b"!").unwrap(), 1);
+        let mut got = [0u8; 12];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"headpayload!");
+        shutdown_of(&c);
+        let e = send_vectored(c.as_fd(), b"x", b"").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPIPE));
+    }
+}

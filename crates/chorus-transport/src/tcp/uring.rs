@@ -4,36 +4,44 @@
 //! registered slot pool, a connection's decoder buffer or current frame, or a payload
 //! clone kept in the operation table — never by a caller's future. Dropping a `send` or
 //! `recv` future therefore cannot free memory the kernel is writing to: the future only
-//! waits on the link's matcher. A connection is dropped (and its descriptor closed) only
+//! waits on the link's matcher. The ring's hold on a connection's descriptor ends only
 //! after every operation that names it has completed; cancellation goes through
 //! `IORING_OP_ASYNC_CANCEL` plus `shutdown(SHUT_RDWR)`, which makes those completions
 //! prompt. If the ring is stopped with operations still in flight past a bounded wait, the
 //! ring and every buffer are leaked rather than freed under the kernel.
 //!
-//! Receives of headers and small frames go through registered slots (`READ_FIXED`); the
-//! body of a large frame is received straight into its final buffer, so a chunk payload
-//! is neither copied nor reallocated. Small frames are copied into a registered slot and
-//! sent from it; payloads at or above the zero-copy threshold go out with `SEND_ZC` from
-//! the caller's own buffer, kept alive until the kernel's notification.
+//! Receives of headers and small frames go through registered slots (`READ_FIXED`) and are
+//! copied into the protocol decoder; the body of a large frame is received straight into
+//! the decoder's own buffer (`Decoder::recv_buf`), so a chunk payload is neither copied nor
+//! reallocated. Sends: a caller that finds the stream idle writes a small frame itself
+//! (see `link.rs`); the ring writes what is queued behind it, small frames copied into a
+//! registered slot, payloads at or above the zero-copy threshold with `SEND_ZC` from the
+//! caller's own buffer, kept alive until the kernel's notification.
+//!
+//! Before it sleeps in the kernel, the ring thread spins on its completion queue for the
+//! configured `busy_poll`, so a receive that lands within that window skips the wake-up of
+//! a sleeping thread.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use chorus_protocol::message::Depart;
+use chorus_protocol::{Decoder, Envelope};
 use io_uring::types::{CancelBuilder, Fd, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode, squeue};
+use parking_lot::Mutex;
 
-use super::frame::OutFrame;
 use super::socket;
 use crate::config::TransportConfig;
 use crate::inbound::{self, Flow};
 use crate::matcher::Matcher;
-use crate::wire::{Decoder, Route};
+use crate::outbound::{OutFrame, Outbound};
 
 /// How long stopping a ring waits for in-flight operations before leaking them.
 const STOP_BUDGET: Duration = Duration::from_secs(2);
@@ -59,19 +67,21 @@ struct Shared {
 
 enum Cmd {
     Add(Box<NewConn>),
-    Send { conn: u64, frame: OutFrame },
-    Close { conn: u64, depart: Option<Bytes> },
+    /// The link queued frames or requested a close (its `Outbound` says which).
+    Kick {
+        conn: u64,
+    },
     Stop,
 }
 
 struct NewConn {
     id: u64,
     zc_threshold: usize,
-    fd: OwnedFd,
+    fd: Arc<OwnedFd>,
     decoder: Decoder,
     matcher: Arc<Matcher>,
-    peer: Route,
-    me: Route,
+    outbound: Arc<Mutex<Outbound>>,
+    peer: Envelope,
 }
 
 /// A link's handle on its connection inside the ring.
@@ -79,26 +89,19 @@ struct NewConn {
 pub(crate) struct UringConn {
     shared: Arc<Shared>,
     id: u64,
+    /// Shared with the ring: the descriptor closes when both are done with it, so a
+    /// caller's direct write can never hit a descriptor number that was reused.
+    fd: Arc<OwnedFd>,
 }
 
 impl UringConn {
-    pub(crate) fn submit(&self, frame: OutFrame) -> Result<(), OutFrame> {
-        self.shared
-            .post(Cmd::Send {
-                conn: self.id,
-                frame,
-            })
-            .map_err(|cmd| match cmd {
-                Cmd::Send { frame, .. } => frame,
-                _ => unreachable!("post hands back the command it was given"),
-            })
+    /// Wakes the ring for this connection's queued frames or close request.
+    pub(crate) fn kick(&self) {
+        let _ = self.shared.post(Cmd::Kick { conn: self.id });
     }
 
-    pub(crate) fn close(&self, depart: Option<Bytes>) {
-        let _ = self.shared.post(Cmd::Close {
-            conn: self.id,
-            depart,
-        });
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 
@@ -151,6 +154,7 @@ impl Ring {
             ops: HashMap::new(),
             next_op: 1,
             depart_timeout: cfg.depart_timeout,
+            busy_poll: cfg.busy_poll,
             stopping: None,
         };
         let thread = thread::Builder::new()
@@ -172,28 +176,31 @@ impl Ring {
         fd: OwnedFd,
         decoder: Decoder,
         matcher: Arc<Matcher>,
-        peer: Route,
-        me: Route,
+        outbound: Arc<Mutex<Outbound>>,
+        peer: Envelope,
         zc_threshold: usize,
     ) -> UringConn {
         let id = self.shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        let fd = Arc::new(fd);
         let new = Box::new(NewConn {
             id,
             zc_threshold,
-            fd,
+            fd: fd.clone(),
             decoder,
             matcher: matcher.clone(),
+            outbound: outbound.clone(),
             peer,
-            me,
         });
         if let Err(Cmd::Add(new)) = self.shared.post(Cmd::Add(new)) {
             // The ring is gone: close the connection properly and fail the link.
-            socket::shutdown_of(&new.fd);
+            socket::shutdown_of(&*new.fd);
             inbound::on_lost(&matcher, "io_uring progress thread has stopped".into());
+            let _ = outbound.lock().close(None);
         }
         UringConn {
             shared: self.shared.clone(),
             id,
+            fd,
         }
     }
 }
@@ -271,8 +278,9 @@ enum Op {
     Wake,
     /// A receive into registered slot `slot`.
     RecvSlot { conn: u64, slot: u16 },
-    /// A receive straight into the connection's decoder buffer.
-    RecvInto { conn: u64 },
+    /// A receive straight into the spare capacity of the connection's decoder buffer,
+    /// which held `base` bytes and whose spare capacity started at `at` when armed.
+    RecvInto { conn: u64, base: usize, at: usize },
     /// A send of the connection's current frame, from a registered slot or its own buffers.
     Send { conn: u64 },
     /// A zero-copy send of `keep`'s bytes; retired after the result and every notification.
@@ -287,35 +295,34 @@ enum Op {
 }
 
 struct Conn {
-    fd: OwnedFd,
+    fd: Arc<OwnedFd>,
     /// Payloads at least this large go out with SEND_ZC.
     zc_threshold: usize,
     matcher: Arc<Matcher>,
-    peer: Route,
-    me: Route,
+    outbound: Arc<Mutex<Outbound>>,
+    /// The peer's envelope: the epoch its frames must carry.
+    peer: Envelope,
     decoder: Decoder,
     recv: Option<u64>,
-    queue: VecDeque<OutFrame>,
     cur: Option<Sending>,
     send: Option<u64>,
     /// Operations naming this connection that have not retired; the descriptor and the
     /// buffers stay until this is zero.
     inflight: u32,
-    seq: u64,
     closing: Option<Closing>,
 }
 
 struct Sending {
     frame: OutFrame,
-    /// Bytes of the frame already on the wire.
-    off: usize,
-    /// The frame was copied into this registered slot.
-    slot: Option<u16>,
+    /// The rest of the frame was copied into this registered slot when the frame's offset
+    /// was the second field.
+    slot: Option<(u16, usize)>,
     depart: bool,
 }
 
 struct Closing {
-    depart: Option<Bytes>,
+    /// When the departure (and the frame before it) must be out, or the connection is
+    /// shut regardless.
     deadline: Instant,
     shut: bool,
 }
@@ -331,6 +338,7 @@ struct Driver {
     ops: HashMap<u64, Op>,
     next_op: u64,
     depart_timeout: Duration,
+    busy_poll: Duration,
     stopping: Option<Instant>,
 }
 
@@ -357,6 +365,10 @@ impl Driver {
                     return;
                 }
             }
+            if self.spin() {
+                self.reap();
+                continue;
+            }
             self.shared.sleeping.store(true, Ordering::SeqCst);
             match self.rx.try_recv() {
                 Ok(cmd) => {
@@ -376,6 +388,34 @@ impl Driver {
         }
         // No operation is in flight: dropping the ring, then the slots (field order), is
         // sound.
+    }
+
+    /// Spins on the completion queue (and the command channel) for up to `busy_poll`;
+    /// true if something arrived. Submits first, so what was queued is in flight.
+    fn spin(&mut self) -> bool {
+        if self.busy_poll.is_zero() || self.stopping.is_some() {
+            return false;
+        }
+        if !self.ring.submission().is_empty()
+            && let Err(e) = self.ring.submit()
+        {
+            tracing::warn!("io_uring submit: {e}");
+            return false;
+        }
+        let until = Instant::now() + self.busy_poll;
+        loop {
+            if !self.ring.completion().is_empty() {
+                return true;
+            }
+            if let Ok(cmd) = self.rx.try_recv() {
+                self.command(cmd);
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
     }
 
     fn wait(&mut self) {
@@ -462,8 +502,8 @@ impl Driver {
                     fd,
                     decoder,
                     matcher,
+                    outbound,
                     peer,
-                    me,
                 } = *new;
                 self.conns.insert(
                     id,
@@ -471,41 +511,33 @@ impl Driver {
                         fd,
                         zc_threshold,
                         matcher,
+                        outbound,
                         peer,
-                        me,
                         decoder,
                         recv: None,
-                        queue: VecDeque::new(),
                         cur: None,
                         send: None,
                         inflight: 0,
-                        seq: 0,
                         closing: None,
                     },
                 );
                 if self.stopping.is_some() {
-                    self.begin_close(id, None);
+                    self.request_close(id, None);
                     return;
                 }
                 // Bytes read past the handshake may already hold whole frames.
-                self.drain_decoder(id);
-                self.arm_recv(id);
-            }
-            Cmd::Send { conn, frame } => match self.conns.get_mut(&conn) {
-                Some(c) if c.closing.is_none() => {
-                    c.queue.push_back(frame);
-                    self.pump_send(conn);
+                if self.drain_decoder(id) {
+                    self.arm_recv(id);
                 }
-                Some(c) => release(&c.matcher, frame),
-                None => {}
-            },
-            Cmd::Close { conn, depart } => self.begin_close(conn, depart),
+                self.kick(id);
+            }
+            Cmd::Kick { conn } => self.kick(conn),
             Cmd::Stop => {
                 if self.stopping.is_none() {
                     self.stopping = Some(Instant::now());
                     let ids: Vec<u64> = self.conns.keys().copied().collect();
                     for id in ids {
-                        self.begin_close(id, None);
+                        self.request_close(id, None);
                     }
                     let wakes: Vec<u64> = self
                         .ops
@@ -519,6 +551,21 @@ impl Driver {
                     }
                 }
             }
+        }
+    }
+
+    /// The link queued frames or requested a close.
+    fn kick(&mut self, id: u64) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let link_closing = c.outbound.lock().is_closing();
+        if c.closing.is_some() {
+            self.advance_close(id);
+        } else if link_closing {
+            self.begin_close(id);
+        } else {
+            self.pump_send(id);
         }
     }
 
@@ -552,22 +599,31 @@ impl Driver {
                 if res > 0
                     && let Some(c) = self.conns.get_mut(&conn)
                 {
-                    let data = self.slots.bytes(slot, res as usize);
-                    c.decoder.buffer().extend_from_slice(data);
+                    c.decoder.push(self.slots.bytes(slot, res as usize));
                 }
                 self.slots.give(slot);
                 self.retire(conn);
                 self.on_recv(conn, res);
             }
-            Op::RecvInto { conn } => {
+            Op::RecvInto { conn, base, at } => {
+                let mut res = res;
                 if res > 0
                     && let Some(c) = self.conns.get_mut(&conn)
                 {
-                    let buf = c.decoder.buffer();
-                    let len = buf.len() + res as usize;
-                    // SAFETY: the kernel initialised `res` bytes of the spare capacity
-                    // we passed (`arm_recv` never asks for more than that capacity).
-                    unsafe { buf.set_len(len.min(buf.capacity())) };
+                    let buf = c.decoder.recv_buf();
+                    let n = res as usize;
+                    // `recv_buf` keeps the buffer in place while its spare capacity covers
+                    // the frame in progress, which nothing changed since the arm; check
+                    // anyway rather than trust it with memory the kernel wrote.
+                    let spare = buf.capacity() - buf.len();
+                    if buf.len() == base && buf.as_ptr() as usize + base == at && n <= spare {
+                        // SAFETY: the kernel initialised `n` bytes of the spare capacity
+                        // we passed, which is still this buffer's spare capacity.
+                        unsafe { buf.set_len(base + n) };
+                    } else {
+                        tracing::error!("decoder buffer moved under a receive; failing link");
+                        res = -libc::EIO;
+                    }
                 }
                 self.retire(conn);
                 self.on_recv(conn, res);
@@ -632,7 +688,7 @@ impl Driver {
                 format!("recv: {}", io::Error::from_raw_os_error(-res))
             };
             inbound::on_lost(&c.matcher, detail);
-            self.begin_close(id, None);
+            self.request_close(id, None);
             return;
         }
         if self.drain_decoder(id) {
@@ -646,15 +702,13 @@ impl Driver {
             return false;
         };
         loop {
-            let flow = match c.decoder.decode() {
-                Ok(Some(frame)) => inbound::on_frame(&c.matcher, c.peer, frame),
+            let flow = match c.decoder.next() {
+                Ok(Some(frame)) => inbound::on_frame(&c.matcher, &c.peer, frame),
                 Ok(None) => return true,
-                Err(e) => inbound::on_wire_error(&c.matcher, e),
+                Err(e) => inbound::on_decode_error(&c.matcher, &e),
             };
             if let Flow::Close(depart) = flow {
-                let me = c.me;
-                let depart = depart.and_then(|(code, d)| inbound::depart_frame(me, code, &d));
-                self.begin_close(id, depart);
+                self.request_close(id, depart);
                 return false;
             }
         }
@@ -669,8 +723,7 @@ impl Driver {
             return;
         }
         let fd = c.fd.as_raw_fd();
-        let wanted = c.decoder.wanted();
-        let slot = if wanted <= slot_size {
+        let slot = if c.decoder.wanted() <= slot_size {
             self.slots.take()
         } else {
             None
@@ -682,12 +735,14 @@ impl Driver {
                 (e, Op::RecvSlot { conn: id, slot })
             }
             None => {
-                let buf = c.decoder.buffer();
-                buf.reserve(wanted.max(slot_size));
+                // Room for the whole frame in progress (bounded by the checked limits).
+                let buf = c.decoder.recv_buf();
+                let base = buf.len();
+                let at = buf.as_ptr() as usize + base;
                 let spare = buf.spare_capacity_mut();
                 let len = spare.len().min(1 << 30) as u32;
                 let e = opcode::Recv::new(Fd(fd), spare.as_mut_ptr().cast(), len).build();
-                (e, Op::RecvInto { conn: id })
+                (e, Op::RecvInto { conn: id, base, at })
             }
         };
         let ud = self.push(entry, op);
@@ -696,84 +751,98 @@ impl Driver {
         }
     }
 
-    /// Starts the next send segment if none is in flight.
-    fn pump_send(&mut self, id: u64) {
+    /// Starts the next send segment if none is in flight, taking the next queued frame
+    /// when the current one is done. False if there was nothing to send.
+    fn pump_send(&mut self, id: u64) -> bool {
         let slot_size = self.slots.size;
         let Some(c) = self.conns.get_mut(&id) else {
-            return;
+            return false;
         };
         let zc_threshold = c.zc_threshold;
-        if c.send.is_some() || c.closing.as_ref().is_some_and(|cl| cl.shut) {
-            return;
+        if c.send.is_some() {
+            return true;
+        }
+        if c.closing.as_ref().is_some_and(|cl| cl.shut) {
+            return false;
         }
         if c.cur.is_none() {
-            let Some(mut frame) = c.queue.pop_front() else {
-                return;
+            let next = c.outbound.lock().pop();
+            let Some(frame) = next else {
+                return false;
             };
-            c.seq += 1;
-            frame.stamp(c.seq);
             c.cur = Some(Sending {
                 frame,
-                off: 0,
                 slot: None,
                 depart: false,
             });
         }
         let fd = c.fd.as_raw_fd();
-        let Some(cur) = c.cur.as_mut() else { return };
-        let total = cur.frame.len();
-        let head_len = cur.frame.head.len();
-        if cur.off == 0
-            && cur.slot.is_none()
-            && total <= slot_size
+        let Some(cur) = c.cur.as_mut() else {
+            return false;
+        };
+        let left = cur.frame.len() - cur.frame.off;
+        if cur.slot.is_none()
+            && left <= slot_size
             && let Some(slot) = self.slots.take()
         {
+            let (head, payload) = cur.frame.rest();
             let ptr = self.slots.ptr(slot);
-            // SAFETY: `ptr` starts a slot of `slot_size >= total` bytes that no other
+            // SAFETY: `ptr` starts a slot of `slot_size >= left` bytes that no other
             // operation uses (it was just taken from the free list).
-            let dst = unsafe { std::slice::from_raw_parts_mut(ptr, total) };
-            dst[..head_len].copy_from_slice(&cur.frame.head);
-            dst[head_len..].copy_from_slice(&cur.frame.payload);
-            cur.slot = Some(slot);
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr, left) };
+            dst[..head.len()].copy_from_slice(head);
+            dst[head.len()..].copy_from_slice(payload);
+            cur.slot = Some((slot, cur.frame.off));
         }
         let flags = libc::MSG_NOSIGNAL;
-        let (entry, op) = if let Some(slot) = cur.slot {
-            let ptr = self.slots.ptr(slot).wrapping_add(cur.off);
-            let e = opcode::Send::new(Fd(fd), ptr, (total - cur.off) as u32)
+        let (entry, op) = if let Some((slot, base)) = cur.slot {
+            let ptr = self.slots.ptr(slot).wrapping_add(cur.frame.off - base);
+            let e = opcode::Send::new(Fd(fd), ptr, left as u32)
                 .flags(flags)
                 .build();
             (e, Op::Send { conn: id })
-        } else if cur.off < head_len {
-            let head = &cur.frame.head[cur.off..];
-            let e = opcode::Send::new(Fd(fd), head.as_ptr(), head.len() as u32)
-                .flags(flags | libc::MSG_MORE)
-                .build();
-            (e, Op::Send { conn: id })
         } else {
-            let rest = cur.frame.payload.slice(cur.off - head_len..);
-            let len = rest.len().min(1 << 30) as u32;
-            if cur.frame.payload.len() >= zc_threshold {
-                let e = opcode::SendZc::new(Fd(fd), rest.as_ptr(), len)
-                    .flags(flags)
-                    .build();
-                let op = Op::SendZc {
-                    conn: id,
-                    keep: rest,
-                    result_seen: false,
-                    notifs: 0,
+            let (head, payload) = cur.frame.rest();
+            if !head.is_empty() {
+                let more = if payload.is_empty() {
+                    0
+                } else {
+                    libc::MSG_MORE
                 };
-                (e, op)
-            } else {
-                let e = opcode::Send::new(Fd(fd), rest.as_ptr(), len)
-                    .flags(flags)
+                let e = opcode::Send::new(Fd(fd), head.as_ptr(), head.len() as u32)
+                    .flags(flags | more)
                     .build();
                 (e, Op::Send { conn: id })
+            } else {
+                let keep = cur
+                    .frame
+                    .payload
+                    .slice(cur.frame.payload.len() - payload.len()..);
+                let len = keep.len().min(1 << 30) as u32;
+                if cur.frame.payload.len() >= zc_threshold {
+                    let e = opcode::SendZc::new(Fd(fd), keep.as_ptr(), len)
+                        .flags(flags)
+                        .build();
+                    let op = Op::SendZc {
+                        conn: id,
+                        keep,
+                        result_seen: false,
+                        notifs: 0,
+                    };
+                    (e, op)
+                } else {
+                    let e = opcode::Send::new(Fd(fd), keep.as_ptr(), len)
+                        .flags(flags)
+                        .build();
+                    (e, Op::Send { conn: id })
+                }
             }
         };
         let ud = self.push(entry, op);
         if let Some(c) = self.conns.get_mut(&id) {
             c.send = Some(ud);
         }
+        true
     }
 
     fn on_sent(&mut self, id: u64, res: i32) {
@@ -787,26 +856,23 @@ impl Driver {
         if res < 0 {
             let detail = format!("send: {}", io::Error::from_raw_os_error(-res));
             inbound::on_lost(&c.matcher, detail);
-            if let Some(cl) = c.closing.as_mut() {
-                cl.depart = None;
-            }
+            // The stream is broken mid-frame: no departure can follow.
+            self.request_close(id, None);
             self.shut(id);
             return;
         }
         let Some(cur) = c.cur.as_mut() else { return };
-        cur.off += res as usize;
-        if cur.off < cur.frame.len() {
+        cur.frame.off += res as usize;
+        if !cur.frame.is_done() {
             self.pump_send(id);
             return;
         }
         let Some(mut done) = c.cur.take() else { return };
-        if let Some(slot) = done.slot.take() {
+        if let Some((slot, _)) = done.slot.take() {
             self.slots.give(slot);
         }
         let was_depart = done.depart;
-        if let Some(credit) = done.frame.credit.take() {
-            c.matcher.release(credit);
-        }
+        done.frame.release(&c.matcher);
         if was_depart {
             self.shut(id);
         } else if c.closing.is_some() {
@@ -816,7 +882,20 @@ impl Driver {
         }
     }
 
-    fn begin_close(&mut self, id: u64, depart: Option<Bytes>) {
+    /// Marks the link's stream closing (first request wins: its departure is the one
+    /// sent) and starts the close here.
+    fn request_close(&mut self, id: u64, depart: Option<Depart>) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let dropped = c.outbound.lock().close(depart);
+        for frame in dropped.into_iter().flatten() {
+            frame.release(&c.matcher);
+        }
+        self.begin_close(id);
+    }
+
+    fn begin_close(&mut self, id: u64) {
         let deadline = Instant::now() + self.depart_timeout;
         let Some(c) = self.conns.get_mut(&id) else {
             return;
@@ -825,13 +904,9 @@ impl Driver {
             return;
         }
         c.closing = Some(Closing {
-            depart,
             deadline,
             shut: false,
         });
-        for frame in c.queue.drain(..) {
-            release(&c.matcher, frame);
-        }
         if let Some(ud) = c.recv {
             let e = opcode::AsyncCancel2::new(CancelBuilder::user_data(ud)).build();
             self.push(e, Op::Cancel);
@@ -845,26 +920,25 @@ impl Driver {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        let Some(closing) = c.closing.as_mut() else {
+        let Some(closing) = c.closing.as_ref() else {
             return;
         };
         if closing.shut || c.send.is_some() {
             return;
         }
-        if c.cur.is_some() {
-            // A frame is part-way out: finish it so the departure lands on a boundary.
-            self.pump_send(id);
+        // A frame part-way out (ours, or one a caller started) is finished first, so the
+        // departure lands on a frame boundary.
+        if self.pump_send(id) {
             return;
         }
-        match closing.depart.take() {
-            Some(depart) => {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let depart = c.outbound.lock().departure();
+        match depart {
+            Some(frame) => {
                 c.cur = Some(Sending {
-                    frame: OutFrame {
-                        head: BytesMut::from(&depart[..]),
-                        payload: Bytes::new(),
-                        credit: None,
-                    },
-                    off: 0,
+                    frame,
                     slot: None,
                     depart: true,
                 });
@@ -875,7 +949,7 @@ impl Driver {
     }
 
     /// Principle 1: `shutdown(SHUT_RDWR)` reaches the peer whoever else holds the
-    /// descriptor; then cancel whatever is still in flight and close once it retires.
+    /// descriptor; then cancel whatever is still in flight and let go once it retires.
     fn shut(&mut self, id: u64) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
@@ -885,13 +959,12 @@ impl Driver {
             Some(cl) => cl.shut = true,
             None => {
                 c.closing = Some(Closing {
-                    depart: None,
                     deadline: Instant::now(),
                     shut: true,
                 })
             }
         }
-        socket::shutdown_of(&c.fd);
+        socket::shutdown_of(&*c.fd);
         let fd = c.fd.as_raw_fd();
         if c.inflight > 0 {
             let e = opcode::AsyncCancel2::new(CancelBuilder::fd(Fd(fd)).all()).build();
@@ -907,16 +980,20 @@ impl Driver {
             .is_some_and(|c| c.inflight == 0 && c.closing.as_ref().is_some_and(|cl| cl.shut));
         if reap && let Some(mut c) = self.conns.remove(&id) {
             if let Some(mut cur) = c.cur.take() {
-                if let Some(slot) = cur.slot.take() {
+                if let Some((slot, _)) = cur.slot.take() {
                     self.slots.give(slot);
                 }
-                release(&c.matcher, cur.frame);
+                cur.frame.release(&c.matcher);
             }
-            for frame in c.queue.drain(..) {
-                release(&c.matcher, frame);
+            let _ = c.outbound.lock().close(None);
+            loop {
+                let Some(frame) = c.outbound.lock().pop() else {
+                    break;
+                };
+                frame.release(&c.matcher);
             }
             inbound::on_lost(&c.matcher, "connection closed".into());
-            tracing::trace!(fd = c.fd.as_fd().as_raw_fd(), "io_uring connection closed");
+            tracing::trace!(fd = c.fd.as_raw_fd(), "io_uring connection closed");
         }
     }
 }
@@ -924,16 +1001,10 @@ impl Driver {
 fn op_conn(op: &Op) -> Option<u64> {
     match op {
         Op::RecvSlot { conn, .. }
-        | Op::RecvInto { conn }
+        | Op::RecvInto { conn, .. }
         | Op::Send { conn }
         | Op::SendZc { conn, .. } => Some(*conn),
         Op::Wake | Op::Cancel => None,
-    }
-}
-
-fn release(matcher: &Matcher, mut frame: OutFrame) {
-    if let Some(credit) = frame.credit.take() {
-        matcher.release(credit);
     }
 }
 

@@ -3,14 +3,17 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use chorus_engine::link::Tag;
-use chorus_protocol::message::Message;
-use chorus_protocol::{Collective, CommId, DType, Epoch, OpSeq, Rank};
-use chorus_transport::Route;
-use chorus_transport::wire::{Decoder, Frame, Limits};
+use chorus_protocol::message::{Message, Role};
+use chorus_protocol::{
+    Collective, CommId, ConnectorConfig, DType, Decoder, Encoder, Envelope, Epoch, Frame, Gate,
+    JobSecret, Limits, OpSeq, Rank, Side,
+};
+use chorus_transport::{RawConnection, Route, fresh};
 
 pub fn tag(op: u64, step: u32) -> Tag {
     Tag {
@@ -36,6 +39,36 @@ pub fn pattern(len: usize, seed: u8) -> Bytes {
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect::<Vec<u8>>()
         .into()
+}
+
+/// The bytes of the golden vector `name` in `protocol/vectors/`.
+pub fn vector(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../protocol/vectors")
+        .join(format!("{name}.hex"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let hex: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .flat_map(|l| l.chars().filter(|c| c.is_ascii_hexdigit()))
+        .collect();
+    (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
+/// The `Hello` frame a connector with `secret` sends as `me` (no channel binding).
+pub fn hello_bytes(secret: &JobSecret, me: Envelope, role: Role) -> Vec<u8> {
+    let config = ConnectorConfig::new(
+        secret.clone(),
+        me,
+        role,
+        fresh::nonce(),
+        Instant::now() + Duration::from_secs(5),
+    );
+    let mut out = BytesMut::new();
+    chorus_protocol::Connector::new(config, &mut out).unwrap();
+    out.to_vec()
 }
 
 /// Forks a child that keeps every descriptor (the seed-000 bystander) and sleeps. Only
@@ -93,32 +126,74 @@ pub enum Seen {
     Nothing,
 }
 
-/// Reads frames off a raw socket with a deadline.
+/// Speaks the wire by hand over a blocking socket, with a plain `chorus_protocol` decoder
+/// (and encoder, once past a handshake): the observer and the bad peer of the tests.
 pub struct RawPeer {
     pub stream: TcpStream,
     pub decoder: Decoder,
+    pub encoder: Encoder,
+    /// The envelope `send_message` stamps.
+    pub me: Envelope,
+    /// Every byte read so far, when `capture` is set (tests that compare the wire byte
+    /// for byte).
+    pub captured: Vec<u8>,
+    pub capture: bool,
 }
 
 impl RawPeer {
-    pub fn new(stream: TcpStream, leftover: BytesMut) -> Self {
-        let mut decoder = Decoder::new(Limits::data(1 << 30));
-        decoder.buffer().extend_from_slice(&leftover);
-        Self { stream, decoder }
+    /// One end of a connection handed out raw after the handshake.
+    pub fn from_raw(raw: RawConnection) -> Self {
+        Self {
+            stream: raw.stream,
+            decoder: raw.decoder,
+            encoder: raw.encoder,
+            me: raw.me,
+            captured: Vec::new(),
+            capture: false,
+        }
     }
 
+    /// A stranger dialling `addr`: it reads as a connector in the handshake phase (only
+    /// `HelloAck` or `Reject` may come back).
     pub fn connect(addr: std::net::SocketAddr) -> Self {
-        Self::new(TcpStream::connect(addr).unwrap(), BytesMut::new())
+        Self {
+            stream: TcpStream::connect(addr).unwrap(),
+            decoder: Decoder::new(Side::Connector, Limits::DEFAULT),
+            encoder: Encoder::default(),
+            me: route(1),
+            captured: Vec::new(),
+            capture: false,
+        }
+    }
+
+    /// A socket that carries no frames we care about (EOF watching).
+    pub fn plain(stream: TcpStream) -> Self {
+        Self {
+            stream,
+            decoder: Decoder::with_gate(Gate::Open, Limits::DEFAULT),
+            encoder: Encoder::default(),
+            me: route(0),
+            captured: Vec::new(),
+            capture: false,
+        }
     }
 
     pub fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).unwrap();
     }
 
+    /// Encodes `message` as the stream's next frame under `envelope` and sends it.
+    pub fn send_message(&mut self, envelope: &Envelope, message: &Message) {
+        let mut out = BytesMut::new();
+        self.encoder.encode(envelope, message, &mut out).unwrap();
+        self.send(&out);
+    }
+
     /// The next frame, EOF, reset, or nothing within `within`.
     pub fn next(&mut self, within: Duration) -> Seen {
         let deadline = Instant::now() + within;
         loop {
-            match self.decoder.decode() {
+            match self.decoder.next() {
                 Ok(Some(f)) => return Seen::Frame(Box::new(f)),
                 Ok(None) => {}
                 Err(e) => panic!("observer could not decode: {e}"),
@@ -131,7 +206,12 @@ impl RawPeer {
             let mut buf = [0u8; 65536];
             match self.stream.read(&mut buf) {
                 Ok(0) => return Seen::Eof,
-                Ok(n) => self.decoder.buffer().extend_from_slice(&buf[..n]),
+                Ok(n) => {
+                    if self.capture {
+                        self.captured.extend_from_slice(&buf[..n]);
+                    }
+                    self.decoder.push(&buf[..n]);
+                }
                 Err(e)
                     if e.kind() == std::io::ErrorKind::WouldBlock
                         || e.kind() == std::io::ErrorKind::TimedOut =>
