@@ -2,9 +2,15 @@
 //! tcp-uring, tcp-epoll and quic, beside a plain blocking-socket baseline measured in the
 //! same run; then the io_uring zero-copy crossover (SEND_ZC always vs never, per size).
 //!
-//! `cargo bench -p chorus-benches --bench transport` (add `-- quick` for a short run).
-//! A custom harness: criterion's per-iteration model fits a multi-second 256 MiB transfer
-//! and a paired baseline badly.
+//! `cargo bench -p chorus-benches --bench transport` (add `-- quick` for a short run, or
+//! `-- rtt` for the round trips alone). A custom harness: criterion's per-iteration model
+//! fits a multi-second 256 MiB transfer and a paired baseline badly.
+//!
+//! Round trips are measured in interleaved rounds (every transport, then again), and the
+//! median of all per-message samples is reported beside the mean, so a load spike on a
+//! shared machine lands on every transport alike instead of on whichever ran then.
+//! `tcp-uring+spin` is tcp-uring with the progress thread busy-polling for 50 µs before it
+//! sleeps (`TransportConfig::busy_poll`; off by default).
 
 // The report is the output of this program.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
@@ -24,79 +30,103 @@ use chorus_transport::{
 };
 
 const MIB: usize = 1 << 20;
+/// Round trips per transport per round.
+const RTT_BATCH: usize = 500;
 
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
+    let rtt_only = std::env::args().any(|a| a == "rtt");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let sizes: &[usize] = if quick {
-        &[MIB, 16 * MIB]
-    } else {
-        &[MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
+    let sizes: &[usize] = match (rtt_only, quick) {
+        (true, _) => &[],
+        (false, true) => &[MIB, 16 * MIB],
+        (false, false) => &[MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB],
     };
-    let rtt_iters = if quick { 500 } else { 3000 };
+    let rounds = if quick { 4 } else { 12 };
 
-    let kinds = ["baseline", "tcp-uring", "tcp-epoll", "quic"];
-    let mut table: Vec<(String, Vec<f64>, f64)> = Vec::new();
+    let kinds = [
+        "baseline",
+        "tcp-uring",
+        "tcp-epoll",
+        "quic",
+        "tcp-uring+spin",
+    ];
+    let mut pairs = Vec::new();
     for kind in kinds {
-        let mut row = Vec::new();
         // One message per transfer, up to 256 MiB: above the protocol's default chunk bound
         // (the runtime pipelines chunks instead), so both ends raise it alike.
         let mut cfg = TransportConfig {
             max_chunk: 256 << 20,
             ..TransportConfig::default()
         };
-        if let Some(us) = std::env::var("CHORUS_BENCH_BUSY_POLL_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
-            cfg.busy_poll = Duration::from_micros(us);
+        if kind == "tcp-uring+spin" {
+            cfg.busy_poll = Duration::from_micros(50);
         }
         let pair = rt.block_on(make_pair(kind, cfg));
+        if kind != "baseline" && pair.is_none() {
+            eprintln!("{kind}: unavailable here, skipped");
+            continue;
+        }
+        pairs.push((kind, pair));
+    }
+
+    let mut table: Vec<(&str, Vec<f64>, Vec<f64>)> = Vec::new();
+    for (kind, pair) in &pairs {
+        let mut row = Vec::new();
         for &size in sizes {
             let total = (512 * MIB).max(2 * size);
             let count = total / size;
-            let gbps = match &pair {
+            let gbps = match pair {
                 None => baseline_throughput(size, count),
                 Some((a, b)) => rt.block_on(link_throughput(a.clone(), b.clone(), size, count)),
             };
             row.push(gbps);
         }
-        let rtt = match &pair {
-            None => baseline_rtt(rtt_iters),
-            Some((a, b)) => rt.block_on(link_rtt(a.clone(), b.clone(), rtt_iters)),
-        };
-        eprintln!("{kind}: done");
-        table.push((kind.to_string(), row, rtt));
+        eprintln!("{kind}: throughput done");
+        table.push((kind, row, Vec::new()));
+    }
+    for round in 0..rounds {
+        for ((_, pair), (_, _, samples)) in pairs.iter().zip(table.iter_mut()) {
+            let op0 = (round * (RTT_BATCH + 100) * 2) as u64;
+            samples.extend(match pair {
+                None => baseline_rtt(RTT_BATCH),
+                Some((a, b)) => rt.block_on(link_rtt(a.clone(), b.clone(), RTT_BATCH, op0)),
+            });
+        }
     }
 
-    println!("\nloopback throughput, GB/s (one direction, 512 MiB or 2 messages per size)");
-    print!("{:<11}", "transport");
+    println!(
+        "\nloopback throughput, GB/s (one direction, 512 MiB or 2 messages per size); \
+         8-byte round trip, µs ({} samples each, interleaved)",
+        rounds * RTT_BATCH
+    );
+    print!("{:<15}", "transport");
     for s in sizes {
         print!("{:>10}", format!("{} MiB", s / MIB));
     }
-    println!("{:>14}", "8 B RTT µs");
-    for (kind, row, rtt) in &table {
-        print!("{kind:<11}");
+    println!("{:>10}{:>10}", "RTT p50", "RTT mean");
+    let stats: Vec<(f64, f64)> = table.iter().map(|(_, _, s)| (median(s), mean(s))).collect();
+    for ((kind, row, _), (p50, avg)) in table.iter().zip(&stats) {
+        print!("{kind:<15}");
         for v in row {
             print!("{v:>10.2}");
         }
-        println!("{rtt:>14.1}");
+        println!("{p50:>10.1}{avg:>10.1}");
     }
-    let base = &table[0];
     println!("\nratio to the blocking-socket baseline (throughput: higher is better; RTT: lower)");
-    for (kind, row, rtt) in &table[1..] {
-        print!("{kind:<11}");
-        for (v, b) in row.iter().zip(&base.1) {
+    for ((kind, row, _), (p50, avg)) in table.iter().zip(&stats).skip(1) {
+        print!("{kind:<15}");
+        for (v, b) in row.iter().zip(&table[0].1) {
             print!("{:>10.2}", v / b);
         }
-        println!("{:>14.2}", rtt / base.2);
+        println!("{:>10.2}{:>10.2}", p50 / stats[0].0, avg / stats[0].1);
     }
 
-    if chorus_transport::tcp::uring_available() {
+    if !quick && !rtt_only && chorus_transport::tcp::uring_available() {
         println!("\nio_uring SEND_ZC crossover, GB/s (copy = never zero-copy, zc = always)");
         let zc_sizes: &[usize] = &[16 << 10, 64 << 10, 256 << 10, MIB, 4 * MIB];
         println!("{:>10}{:>10}{:>10}", "size", "copy", "zc");
@@ -123,6 +153,16 @@ fn main() {
     }
 }
 
+fn median(samples: &[f64]) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get(s.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn mean(samples: &[f64]) -> f64 {
+    samples.iter().sum::<f64>() / samples.len().max(1) as f64
+}
+
 type Pair = (Arc<dyn Link<Bytes>>, Arc<dyn Link<Bytes>>);
 
 fn route(rank: u32) -> Route {
@@ -147,11 +187,11 @@ async fn make_pair(kind: &str, cfg: TransportConfig) -> Option<Pair> {
     let secret = fresh::job_secret();
     let wait = Duration::from_secs(10);
     match kind {
-        "tcp-uring" | "tcp-epoll" => {
-            let backend = if kind == "tcp-uring" {
-                Backend::Uring
-            } else {
+        "tcp-uring" | "tcp-uring+spin" | "tcp-epoll" => {
+            let backend = if kind == "tcp-epoll" {
                 Backend::Epoll
+            } else {
+                Backend::Uring
             };
             let t = TcpTransport::new(TransportConfig { backend, ..cfg }, secret).ok()?;
             let mut l = t
@@ -230,28 +270,37 @@ async fn link_throughput(
     (size * count) as f64 / t0.elapsed().as_secs_f64() / 1e9
 }
 
-async fn link_rtt(a: Arc<dyn Link<Bytes>>, b: Arc<dyn Link<Bytes>>, iters: usize) -> f64 {
+/// Per-message round trips (µs) of `iters` 8-byte ping-pongs, after 100 warm-up ones;
+/// tags start at `op0` so successive rounds on one pair never collide.
+async fn link_rtt(
+    a: Arc<dyn Link<Bytes>>,
+    b: Arc<dyn Link<Bytes>>,
+    iters: usize,
+    op0: u64,
+) -> Vec<f64> {
     let echo = tokio::spawn({
         let b = b.clone();
         async move {
             for i in 0..iters + 100 {
-                let m = b.recv(tag(2 * i as u64)).await.expect("recv");
-                b.send(tag(2 * i as u64 + 1), m).await.expect("send");
+                let t = op0 + 2 * i as u64;
+                let m = b.recv(tag(t)).await.expect("recv");
+                b.send(tag(t + 1), m).await.expect("send");
             }
         }
     });
     let msg = Bytes::from_static(&[1u8; 8]);
-    let mut t0 = Instant::now();
+    let mut samples = Vec::with_capacity(iters);
     for i in 0..iters + 100 {
-        if i == 100 {
-            t0 = Instant::now();
+        let t = op0 + 2 * i as u64;
+        let t0 = Instant::now();
+        a.send(tag(t), msg.clone()).await.expect("send");
+        a.recv(tag(t + 1)).await.expect("recv");
+        if i >= 100 {
+            samples.push(t0.elapsed().as_secs_f64() * 1e6);
         }
-        a.send(tag(2 * i as u64), msg.clone()).await.expect("send");
-        a.recv(tag(2 * i as u64 + 1)).await.expect("recv");
     }
-    let rtt = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
     echo.await.expect("echo");
-    rtt
+    samples
 }
 
 fn baseline_pair() -> (TcpStream, TcpStream) {
@@ -281,7 +330,7 @@ fn baseline_throughput(size: usize, count: usize) -> f64 {
     (size * count) as f64 / t0.elapsed().as_secs_f64() / 1e9
 }
 
-fn baseline_rtt(iters: usize) -> f64 {
+fn baseline_rtt(iters: usize) -> Vec<f64> {
     let (mut c, mut s) = baseline_pair();
     let echo = std::thread::spawn(move || {
         let mut buf = [0u8; 8];
@@ -291,14 +340,15 @@ fn baseline_rtt(iters: usize) -> f64 {
         }
     });
     let mut buf = [1u8; 8];
-    let mut t0 = Instant::now();
+    let mut samples = Vec::with_capacity(iters);
     for i in 0..iters + 100 {
-        if i == 100 {
-            t0 = Instant::now();
-        }
+        let t0 = Instant::now();
         c.write_all(&buf).expect("write");
         c.read_exact(&mut buf).expect("read");
+        if i >= 100 {
+            samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
     }
     echo.join().expect("echo");
-    t0.elapsed().as_secs_f64() * 1e6 / iters as f64
+    samples
 }

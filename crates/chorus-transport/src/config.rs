@@ -102,7 +102,7 @@ impl Default for TransportConfig {
             uring_slot: 64 << 10,
             uring_slots: 64,
             uring_entries: 256,
-            busy_poll: Duration::from_micros(50),
+            busy_poll: Duration::ZERO,
         }
     }
 }

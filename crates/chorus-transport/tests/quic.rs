@@ -8,9 +8,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::BytesMut;
 use chorus_engine::link::{CancelReason, Link, LinkError};
-use chorus_protocol::message::{Heartbeat, Message, Role};
-use chorus_protocol::{CloseCode, Rank};
+use chorus_protocol::message::{Heartbeat, Message, Notice, Reject, Role};
+use chorus_protocol::{
+    ChannelBinding, CloseCode, Connector, ConnectorConfig, Decoder, Frame, HEADER_LEN, Limits,
+    Rank, Side,
+};
 use chorus_transport::{
     Identity, JobSecret, Liveness, QuicEndpoint, QuicLink, TransportConfig, TransportError,
     admit_all, fresh,
@@ -372,4 +379,227 @@ async fn silent_client(addr: SocketAddr) -> quinn::Connection {
     let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     ep.set_default_client_config(client);
     ep.connect(addr, "chorus").unwrap().await.unwrap()
+}
+
+/// The TLS exporter label of the handshake's channel binding (SPEC.md, "Handshake").
+const BINDING_LABEL: &[u8] = b"EXPORTER-chorus-hello";
+
+fn tls_binding(conn: &quinn::Connection) -> ChannelBinding {
+    let mut b = [0u8; 32];
+    conn.export_keying_material(&mut b, BINDING_LABEL, b"")
+        .unwrap();
+    ChannelBinding::Tls(b)
+}
+
+/// A connector's `Hello` bytes for `secret` and `binding`, and the connector to check the
+/// answer with.
+fn hello(secret: &JobSecret, role: Role, binding: ChannelBinding) -> (Vec<u8>, Connector) {
+    let mut config = ConnectorConfig::new(
+        secret.clone(),
+        route(1),
+        role,
+        fresh::nonce(),
+        Instant::now() + WAIT,
+    );
+    config.binding = binding;
+    config.peer = Some(Rank(0));
+    let mut out = BytesMut::new();
+    let connector = Connector::new(config, &mut out).unwrap();
+    (out.to_vec(), connector)
+}
+
+/// Reads frames off a raw QUIC stream with a plain protocol decoder.
+async fn next_frame(recv: &mut quinn::RecvStream, decoder: &mut Decoder) -> Option<Frame> {
+    loop {
+        if let Some(f) = decoder.next().unwrap() {
+            return Some(f);
+        }
+        match tokio::time::timeout(WAIT, recv.read_chunk(1 << 16, true)).await {
+            Ok(Ok(Some(c))) => decoder.push(&c.bytes),
+            _ => return None,
+        }
+    }
+}
+
+/// The application code a closed connection carries.
+async fn close_code(conn: &quinn::Connection) -> u64 {
+    match tokio::time::timeout(WAIT, conn.closed()).await.unwrap() {
+        quinn::ConnectionError::ApplicationClosed(ac) => ac.error_code.into_inner(),
+        other => panic!("expected an application close, got {other}"),
+    }
+}
+
+/// Each bad first stream gets a `Reject` with the spec's code, then `CONNECTION_CLOSE`
+/// with the same code; meanwhile a legitimate pair transfers intact. Among them: a `Hello`
+/// with the right secret but no channel binding, and a `Hello` recorded on another TLS
+/// session and replayed (its binding is that session's), both `AUTH_FAILED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_first_streams_are_refused_with_their_code_while_good_peers_transfer() {
+    let secret = fresh::job_secret();
+    let (a, b) = (member(1, &secret), member(0, &secret));
+    let addr = b.ep.local_addr().unwrap();
+
+    // A valid, bound handshake on one session: the binding both ends derive agrees.
+    let recorded = {
+        let conn = silent_client(addr).await;
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        let (bytes, mut connector) = hello(&secret, Role::Data, tls_binding(&conn));
+        send.write_all(&bytes).await.unwrap();
+        let mut d = Decoder::new(Side::Connector, Limits::DEFAULT);
+        let ack = next_frame(&mut recv, &mut d).await.unwrap();
+        connector.handle(&ack).unwrap();
+        let accepted = b.ep.accept(WAIT).await.unwrap();
+        assert_eq!(accepted.role(), Role::Data);
+        bytes
+    };
+
+    let (good, _) = hello(&secret, Role::Data, ChannelBinding::None);
+    let mut bad_magic = good.clone();
+    bad_magic[..4].copy_from_slice(b"QUIC");
+    let mut bad_version = good.clone();
+    bad_version[4] = 9;
+    let mut oversize = good.clone();
+    oversize[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+    let mut garbage_body = good.clone();
+    for byte in &mut garbage_body[HEADER_LEN..] {
+        *byte = 0x5a;
+    }
+    let cases: Vec<(&str, Vec<u8>, CloseCode)> = vec![
+        ("wrong magic", bad_magic, CloseCode::PROTOCOL_VIOLATION),
+        ("wrong version", bad_version, CloseCode::VERSION_MISMATCH),
+        ("oversize length", oversize, CloseCode::PROTOCOL_VIOLATION),
+        ("garbage body", garbage_body, CloseCode::PROTOCOL_VIOLATION),
+        (
+            "heartbeat first",
+            vector("heartbeat"),
+            CloseCode::PROTOCOL_VIOLATION,
+        ),
+        (
+            "wrong secret",
+            hello(&fresh::job_secret(), Role::Data, ChannelBinding::None).0,
+            CloseCode::AUTH_FAILED,
+        ),
+        ("unbound hello", good, CloseCode::AUTH_FAILED),
+        ("replayed hello", recorded, CloseCode::AUTH_FAILED),
+    ];
+    let bad = tokio::spawn(async move {
+        for (name, bytes, code) in cases {
+            let conn = silent_client(addr).await;
+            let (mut send, mut recv) = conn.open_bi().await.unwrap();
+            send.write_all(&bytes).await.unwrap();
+            let mut d = Decoder::new(Side::Connector, Limits::DEFAULT);
+            match next_frame(&mut recv, &mut d).await.map(|f| f.message) {
+                Some(Message::Reject(Reject { code: got, .. })) => assert_eq!(got, code, "{name}"),
+                other => panic!("{name}: expected a reject, got {other:?}"),
+            }
+            assert_eq!(close_code(&conn).await, u64::from(code.0), "{name}");
+        }
+    });
+    let (x, y) = pair(&a, &b).await;
+    for op in 0..8 {
+        let p = pattern(1 << 20, op as u8);
+        let (s, r) = tokio::join!(x.send(tag(op, 0), p.clone()), y.recv(tag(op, 0)));
+        s.unwrap();
+        assert!(r.unwrap() == p, "transfer {op} corrupted");
+    }
+    bad.await.unwrap();
+}
+
+/// A frame the stream's role does not allow closes the channel with protocol-violation;
+/// the sending side refuses to send one at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_the_role_forbids_closes_the_control_channel() {
+    let secret = fresh::job_secret();
+    let (a, b) = (member(1, &secret), member(0, &secret));
+    let addr = b.ep.local_addr().unwrap();
+    // Our own channel will not send what a status client may not send.
+    let (c, s) = tokio::join!(
+        a.ep.connect(addr, b.id.fingerprint(), Role::Status, route(1), Rank(0)),
+        b.ep.accept(WAIT)
+    );
+    let (client, _server) = (c.unwrap().into_control(), s.unwrap().into_control());
+    let notice = Message::Heartbeat(Heartbeat { seq: 1 });
+    let r = client.send(notice.clone()).await;
+    assert!(
+        matches!(
+            r,
+            Err(LinkError::Protocol {
+                code: CloseCode::PROTOCOL_VIOLATION,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // A raw status client that sends one anyway is closed by the receiving gate.
+    let conn = silent_client(addr).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let (bytes, mut connector) = hello(&secret, Role::Status, tls_binding(&conn));
+    send.write_all(&bytes).await.unwrap();
+    let mut d = Decoder::new(Side::Connector, Limits::DEFAULT);
+    let ack = next_frame(&mut recv, &mut d).await.unwrap();
+    connector.handle(&ack).unwrap();
+    let server = b.ep.accept(WAIT).await.unwrap().into_control();
+    let mut out = BytesMut::new();
+    let mut encoder = connector.into_encoder();
+    let forbidden = Message::Notice(Notice {
+        origin: Rank(1),
+        subject: Rank(2),
+        verdict: chorus_protocol::message::Verdict::Dead,
+        evidence: chorus_protocol::message::Evidence::ProcessExited { status: 9 },
+        hops: 0,
+    });
+    encoder.encode(&route(1), &forbidden, &mut out).unwrap();
+    send.write_all(&out).await.unwrap();
+    let r = tokio::time::timeout(WAIT, server.recv()).await.unwrap();
+    assert!(
+        matches!(
+            r,
+            Err(LinkError::Protocol {
+                code: CloseCode::PROTOCOL_VIOLATION,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(
+        close_code(&conn).await,
+        u64::from(CloseCode::PROTOCOL_VIOLATION.0)
+    );
+}
+
+/// `cancel` fails pending operations synchronously, before any executor round trip or
+/// peer involvement, and the peer sees the code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_is_local_immediate_and_the_peer_sees_the_code() {
+    let secret = fresh::job_secret();
+    let (a, b) = (member(1, &secret), member(0, &secret));
+    let (x, y) = pair(&a, &b).await;
+    let peer_recv = y.recv(tag(9, 0));
+    let mut pending = pin!(x.recv(tag(7, 0)));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(pending.as_mut().poll(&mut cx).is_pending());
+    let reason = CancelReason::new(CloseCode::ABORTED, "quic abort");
+    let t0 = Instant::now();
+    x.cancel(reason.clone());
+    let Poll::Ready(r) = pending.as_mut().poll(&mut cx) else {
+        panic!("pending recv still pending after cancel");
+    };
+    assert!(
+        t0.elapsed() < Duration::from_millis(5),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(r, Err(LinkError::Cancelled(reason.clone())));
+    assert_eq!(
+        x.send(tag(8, 0), bytes::Bytes::new()).await,
+        Err(LinkError::Cancelled(reason))
+    );
+    let seen = tokio::time::timeout(WAIT, peer_recv).await.unwrap();
+    assert_eq!(
+        seen,
+        Err(LinkError::PeerDeparted {
+            code: CloseCode::ABORTED,
+            detail: "quic abort".into()
+        })
+    );
 }

@@ -909,6 +909,17 @@ fn every_socket_is_close_on_exec() {
     rt.block_on(async {
         let mut l = listener(&t).await;
         let (_a, _b) = pair(&t, &mut l).await;
+        // And the UDP socket of a QUIC endpoint.
+        let _quic = chorus_transport::QuicEndpoint::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            &chorus_transport::Identity::generate().unwrap(),
+            fresh::job_secret(),
+            TransportConfig::default(),
+            chorus_transport::Liveness::default(),
+            admit_all(Rank(0)),
+        )
+        .unwrap();
+        let mut sockets = 0;
         for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
             let entry = entry.unwrap();
             let Ok(target) = std::fs::read_link(entry.path()) else {
@@ -924,7 +935,10 @@ fn every_socket_is_close_on_exec() {
                 flags < 0 || flags & libc::FD_CLOEXEC != 0,
                 "socket fd {fd} lacks CLOEXEC"
             );
+            sockets += 1;
         }
+        // Listener, two link ends, the QUIC socket: the scan saw them.
+        assert!(sockets >= 4, "only {sockets} sockets found");
     });
 }
 

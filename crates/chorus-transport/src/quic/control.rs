@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use chorus_engine::link::LinkError;
-use chorus_protocol::message::{Depart, Message};
-use chorus_protocol::{CloseCode, Decoder, Encoder, Envelope, Frame, Rank};
+use chorus_protocol::gate::permitted;
+use chorus_protocol::message::{Depart, Message, Role};
+use chorus_protocol::{CloseCode, Decoder, Encoder, Envelope, Frame, Rank, Side};
 use quinn::{Connection, RecvStream, SendStream};
 use tokio::io::AsyncReadExt;
 use tokio::sync::Mutex as AsyncMutex;
@@ -29,6 +30,10 @@ struct Shared {
     recv: AsyncMutex<(RecvStream, Decoder)>,
     me: Envelope,
     peer: Envelope,
+    /// The stream's role and our end of it: which kinds we may send (the peer's gate
+    /// refuses the rest, so sending one would only close the channel).
+    role: Role,
+    local: Side,
 }
 
 impl ControlChannel {
@@ -42,6 +47,8 @@ impl ControlChannel {
         decoder: Decoder,
         me: Envelope,
         peer: Envelope,
+        role: Role,
+        local: Side,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -51,6 +58,8 @@ impl ControlChannel {
                 recv: AsyncMutex::new((recv, decoder)),
                 me,
                 peer,
+                role,
+                local,
             }),
         }
     }
@@ -61,9 +70,19 @@ impl ControlChannel {
     }
 
     /// Sends `message` under our envelope (comm, epoch, rank) as the stream's next frame.
-    /// A message the codec refuses (a bound, a rule of the spec) is an error here and
-    /// nothing is sent.
+    /// A message the codec refuses (a bound, a rule of the spec) or the stream's role does
+    /// not let this end send is an error here, and nothing is sent.
     pub async fn send(&self, message: Message) -> Result<(), LinkError> {
+        let kind = message.kind();
+        if !permitted(self.shared.role, self.shared.local, kind) {
+            return Err(LinkError::Protocol {
+                code: CloseCode::PROTOCOL_VIOLATION,
+                detail: format!(
+                    "cannot send: a {kind} frame is not allowed from this end of a {:?} stream",
+                    self.shared.role
+                ),
+            });
+        }
         let shared = self.shared.clone();
         self.run(async move {
             let mut guard = shared.send.lock().await;

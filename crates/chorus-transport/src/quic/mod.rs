@@ -445,6 +445,7 @@ impl QuicConnection {
     /// each side may send).
     pub fn into_control(self) -> ControlChannel {
         let peer = self.greeted.peer();
+        let (role, local) = (self.greeted.role(), self.greeted.established.local);
         let Greeted {
             me,
             encoder,
@@ -460,6 +461,8 @@ impl QuicConnection {
             decoder,
             me,
             peer,
+            role,
+            local,
         )
     }
 }
