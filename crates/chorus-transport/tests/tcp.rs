@@ -1035,3 +1035,52 @@ fn the_golden_hello_is_answered_with_an_ack_that_verifies() {
         ));
     });
 }
+
+/// A connector that refuses the answer (here: the wrong rank answered) closes the stream
+/// with the code, in the only way a byte stream carries one: the acceptor, which took the
+/// stream for established, reads a departure with that code.
+#[test]
+fn a_connector_that_refuses_the_answer_departs_with_the_code() {
+    let Some((t, _)) = transport(Backend::Epoll, None) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut l = t
+            .listen("127.0.0.1:0".parse().unwrap(), admit_all(Rank(3)))
+            .await
+            .unwrap();
+        let addr = l.local_addr();
+        let (c, a) = tokio::join!(
+            t.connect(addr, Role::Data, route(1), Rank(0)),
+            l.accept(WAIT)
+        );
+        let err = c.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TransportError::Handshake {
+                    source: chorus_protocol::HandshakeError::WrongPeer { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(err.code(), CloseCode::PROTOCOL_VIOLATION);
+        let link = a.unwrap().into_link().unwrap();
+        let r = tokio::time::timeout(WAIT, link.recv(tag(1, 0))).await.unwrap();
+        assert!(
+            matches!(
+                r,
+                Err(LinkError::PeerDeparted {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    });
+}
