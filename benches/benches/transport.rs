@@ -9,8 +9,11 @@
 //! Round trips are measured in interleaved rounds (every transport, then again), and the
 //! median of all per-message samples is reported beside the mean, so a load spike on a
 //! shared machine lands on every transport alike instead of on whichever ran then.
-//! `tcp-uring+spin` is tcp-uring with the progress thread busy-polling for 50 µs before it
-//! sleeps (`TransportConfig::busy_poll`; off by default).
+//! `tokio-tcp` is the same ping-pong over plain tokio sockets between two tasks of the
+//! bench's runtime: the floor for anything whose callers are tokio tasks (one thread
+//! wake-up per message, where a link's progress thread adds a second). `tcp-uring+spin` is
+//! tcp-uring with the progress thread busy-polling for 50 µs before it sleeps
+//! (`TransportConfig::busy_poll`; off by default).
 
 // The report is the output of this program.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
@@ -50,6 +53,7 @@ fn main() {
 
     let kinds = [
         "baseline",
+        "tokio-tcp",
         "tcp-uring",
         "tcp-epoll",
         "quic",
@@ -67,7 +71,7 @@ fn main() {
             cfg.busy_poll = Duration::from_micros(50);
         }
         let pair = rt.block_on(make_pair(kind, cfg));
-        if kind != "baseline" && pair.is_none() {
+        if !matches!(kind, "baseline" | "tokio-tcp") && pair.is_none() {
             eprintln!("{kind}: unavailable here, skipped");
             continue;
         }
@@ -81,6 +85,7 @@ fn main() {
             let total = (512 * MIB).max(2 * size);
             let count = total / size;
             let gbps = match pair {
+                None if *kind == "tokio-tcp" => f64::NAN,
                 None => baseline_throughput(size, count),
                 Some((a, b)) => rt.block_on(link_throughput(a.clone(), b.clone(), size, count)),
             };
@@ -90,9 +95,10 @@ fn main() {
         table.push((kind, row, Vec::new()));
     }
     for round in 0..rounds {
-        for ((_, pair), (_, _, samples)) in pairs.iter().zip(table.iter_mut()) {
+        for ((kind, pair), (_, _, samples)) in pairs.iter().zip(table.iter_mut()) {
             let op0 = (round * (RTT_BATCH + 100) * 2) as u64;
             samples.extend(match pair {
+                None if *kind == "tokio-tcp" => rt.block_on(tokio_rtt(RTT_BATCH)),
                 None => baseline_rtt(RTT_BATCH),
                 Some((a, b)) => rt.block_on(link_rtt(a.clone(), b.clone(), RTT_BATCH, op0)),
             });
@@ -328,6 +334,39 @@ fn baseline_throughput(size: usize, count: usize) -> f64 {
     }
     reader.join().expect("reader");
     (size * count) as f64 / t0.elapsed().as_secs_f64() / 1e9
+}
+
+/// The same ping-pong over plain tokio sockets on the bench's runtime: the floor for any
+/// transport whose callers are tokio tasks.
+async fn tokio_rtt(iters: usize) -> Vec<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let (c, s) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
+    let (mut c, (mut s, _)) = (c.expect("connect"), s.expect("accept"));
+    c.set_nodelay(true).expect("nodelay");
+    s.set_nodelay(true).expect("nodelay");
+    let echo = tokio::spawn(async move {
+        let mut buf = [0u8; 8];
+        for _ in 0..iters + 100 {
+            s.read_exact(&mut buf).await.expect("read");
+            s.write_all(&buf).await.expect("write");
+        }
+    });
+    let mut buf = [1u8; 8];
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..iters + 100 {
+        let t0 = Instant::now();
+        c.write_all(&buf).await.expect("write");
+        c.read_exact(&mut buf).await.expect("read");
+        if i >= 100 {
+            samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    echo.await.expect("echo");
+    samples
 }
 
 fn baseline_rtt(iters: usize) -> Vec<f64> {

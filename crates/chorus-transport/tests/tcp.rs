@@ -1071,7 +1071,9 @@ fn a_connector_that_refuses_the_answer_departs_with_the_code() {
         );
         assert_eq!(err.code(), CloseCode::PROTOCOL_VIOLATION);
         let link = a.unwrap().into_link().unwrap();
-        let r = tokio::time::timeout(WAIT, link.recv(tag(1, 0))).await.unwrap();
+        let r = tokio::time::timeout(WAIT, link.recv(tag(1, 0)))
+            .await
+            .unwrap();
         assert!(
             matches!(
                 r,
@@ -1083,4 +1085,34 @@ fn a_connector_that_refuses_the_answer_departs_with_the_code() {
             "{r:?}"
         );
     });
+}
+
+/// The opt-in busy-poll of the io_uring progress thread changes only how it waits: data
+/// still arrives intact, and cancel still reaches a peer whose ring is spinning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_busy_poll_delivers_and_cancels_like_the_default() {
+    let cfg = TransportConfig {
+        busy_poll: Duration::from_micros(200),
+        ..config(Backend::Uring)
+    };
+    let Some((t, _)) = transport(Backend::Uring, Some(cfg)) else {
+        return;
+    };
+    let mut l = listener(&t).await;
+    let (a, b) = pair(&t, &mut l).await;
+    for op in 0..50 {
+        transfer(&a, &b, op, 8).await;
+        transfer(&b, &a, 100 + op, 8).await;
+    }
+    transfer(&a, &b, 1000, 4 << 20).await;
+    let pending = b.recv(tag(2000, 0));
+    a.cancel(CancelReason::new(CloseCode::ABORTED, "spinning"));
+    let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+    assert_eq!(
+        r,
+        Err(LinkError::PeerDeparted {
+            code: CloseCode::ABORTED,
+            detail: "spinning".into()
+        })
+    );
 }
