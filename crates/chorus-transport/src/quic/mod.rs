@@ -294,14 +294,7 @@ async fn accept_loop(
                 Ok(Err(e)) => return tracing::info!(%addr, "quic handshake failed: {e}"),
                 Err(_) => return tracing::info!(%addr, "tls handshake deadline passed"),
             };
-            if let Some(c) = greet(&strong, conn, addr, deadline, &admission).await {
-                let c = QuicConnection {
-                    conn: c.0,
-                    send: c.1,
-                    recv: c.2,
-                    greeted: c.3,
-                    endpoint: QuicEndpoint { inner: strong },
-                };
+            if let Some(c) = greet(strong, conn, addr, deadline, &admission).await {
                 // An endpoint nobody accepts from any more drops the connection (closed).
                 let _ = tx.send(c).await;
             }
@@ -313,12 +306,12 @@ async fn accept_loop(
 /// the answer; on refusal the `Reject` is given a moment to arrive, then the connection
 /// closes with its code.
 async fn greet(
-    inner: &Inner,
+    inner: Arc<Inner>,
     conn: quinn::Connection,
     addr: SocketAddr,
     deadline: Instant,
     admission: &Admission,
-) -> Option<(quinn::Connection, SendStream, RecvStream, Greeted)> {
+) -> Option<QuicConnection> {
     let timeout = inner.cfg.handshake_timeout;
     let binding = match binding(&conn) {
         Ok(b) => b,
@@ -345,7 +338,13 @@ async fn greet(
     config.binding = binding;
     config.limits = inner.cfg.limits();
     match handshake::accept(&mut recv, &mut send, addr, config, admission).await {
-        Ok(greeted) => Some((conn, send, recv, greeted)),
+        Ok(greeted) => Some(QuicConnection {
+            conn,
+            send,
+            recv,
+            greeted,
+            endpoint: QuicEndpoint { inner },
+        }),
         Err(e) => {
             tracing::info!(%addr, code = %e.code(), "refused quic connection: {e}");
             // Let the `Reject` reach the peer before the close discards what is unsent.
