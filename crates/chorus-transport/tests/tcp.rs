@@ -212,19 +212,18 @@ mod suite {
         a.send(tag(1, 0), pattern(1000, 1)).await.unwrap();
         let holder = fork_holder();
         let observer = std::thread::spawn(move || {
-            let t0 = Instant::now();
             let depart = raw.next_control(WAIT);
-            let at_depart = t0.elapsed();
             let eof = raw.next(WAIT);
-            (depart, at_depart, eof, t0.elapsed())
+            // When the peer saw the close, not when this thread is joined.
+            (depart, eof, Instant::now())
         });
         std::thread::sleep(Duration::from_millis(50));
         let t0 = Instant::now();
         a.cancel(CancelReason::new(CloseCode::ABORTED, "seed 000"));
-        let (depart, _, eof, _) = tokio::task::spawn_blocking(move || observer.join().unwrap())
+        let (depart, eof, seen_at) = tokio::task::spawn_blocking(move || observer.join().unwrap())
             .await
             .unwrap();
-        let observed = t0.elapsed();
+        let observed = seen_at.duration_since(t0);
         assert!(
             holder.alive(),
             "the forked holder must still hold the descriptor"
