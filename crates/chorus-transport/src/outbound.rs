@@ -15,8 +15,10 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
+use chorus_engine::link::{LinkError, Tag};
 use chorus_protocol::message::{ChunkHeader, Depart, Message};
 use chorus_protocol::{CloseCode, EncodeError, Encoder, Envelope};
+use parking_lot::Mutex;
 
 use crate::matcher::{Credit, Matcher};
 
@@ -49,6 +51,22 @@ pub(crate) struct OutFrame {
     pub(crate) credit: Option<Credit>,
     /// The encoder as it was before this frame was numbered (none for departures).
     rewind: Option<Encoder>,
+}
+
+/// Requests the close of the stream behind `outbound` (first request wins) and returns the
+/// dropped frames' credit. True if this request was the first: the caller then wakes the
+/// writer, which carries the close out.
+pub(crate) fn request_close(
+    outbound: &Mutex<Outbound>,
+    matcher: &Matcher,
+    depart: Option<Depart>,
+) -> bool {
+    let dropped = outbound.lock().close(depart);
+    let first = dropped.is_some();
+    for frame in dropped.into_iter().flatten() {
+        frame.release(matcher);
+    }
+    first
 }
 
 /// The writer's next step (see [`Outbound::next`]).
@@ -129,6 +147,30 @@ impl Outbound {
             credit: None,
             rewind: Some(rewind),
         })
+    }
+
+    /// What a link's `send` does under the lock: numbers the chunk for `tag` unless the
+    /// stream is closing. The error is the one `send` returns; nothing reached the stream.
+    pub(crate) fn admit(
+        &mut self,
+        matcher: &Matcher,
+        tag: &Tag,
+        payload: Bytes,
+    ) -> Result<OutFrame, LinkError> {
+        if self.closing {
+            return Err(matcher
+                .terminal()
+                .unwrap_or_else(|| LinkError::ConnectionLost {
+                    detail: "link is closing".into(),
+                }));
+        }
+        let header = ChunkHeader::new(tag.collective, tag.dtype, tag.op, tag.step, tag.offset);
+        // A refused chunk (misaligned, over the limit) leaves the link usable.
+        self.chunk(&header, payload)
+            .map_err(|e| LinkError::Protocol {
+                code: CloseCode::PROTOCOL_VIOLATION,
+                detail: format!("cannot send: {e}"),
+            })
     }
 
     /// Nothing queued and the writer not busy: a caller may write to the wire itself.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
-use chorus_protocol::message::{ChunkHeader, Depart};
+use chorus_protocol::message::Depart;
 use chorus_protocol::{CloseCode, Decoder, Envelope, Rank};
 use parking_lot::Mutex;
 use quinn::{Connection, RecvStream, SendStream};
@@ -15,10 +15,10 @@ use tokio::io::AsyncReadExt;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
-use super::{code_of, io_read_error, lost, write_error};
+use super::{code_of, io_read_error, write_error};
 use crate::inbound::{self, Flow};
 use crate::matcher::Matcher;
-use crate::outbound::{Next, OutFrame, Outbound};
+use crate::outbound::{self, Next, OutFrame, Outbound};
 
 /// A data link to one peer over QUIC.
 #[derive(Debug)]
@@ -82,27 +82,15 @@ impl QuicLink {
         if let Some(err) = self.matcher.terminal() {
             return Err(err);
         }
-        let header = ChunkHeader::new(tag.collective, tag.dtype, tag.op, tag.step, tag.offset);
         // The only suspension point; after it the frame is queued whole.
         let credit = self.matcher.acquire(payload.len()).await?;
         let mut out = self.outbound.lock();
-        if out.is_closing() {
-            drop(out);
-            self.matcher.release(credit);
-            return Err(self
-                .matcher
-                .terminal()
-                .unwrap_or_else(|| lost("link is closing")));
-        }
-        let mut frame = match out.chunk(&header, payload) {
+        let mut frame = match out.admit(&self.matcher, &tag, payload) {
             Ok(frame) => frame,
             Err(e) => {
                 drop(out);
                 self.matcher.release(credit);
-                return Err(LinkError::Protocol {
-                    code: CloseCode::PROTOCOL_VIOLATION,
-                    detail: format!("cannot send: {e}"),
-                });
+                return Err(e);
             }
         };
         frame.credit = Some(credit);
@@ -141,11 +129,7 @@ impl Drop for QuicLink {
 
 /// Requests the close (first request wins) and wakes the writer to carry it out.
 fn close(outbound: &Mutex<Outbound>, matcher: &Matcher, wake: &Notify, depart: Option<Depart>) {
-    let dropped = outbound.lock().close(depart);
-    if let Some(dropped) = dropped {
-        for frame in dropped {
-            frame.release(matcher);
-        }
+    if outbound::request_close(outbound, matcher, depart) {
         wake.notify_one();
     }
 }

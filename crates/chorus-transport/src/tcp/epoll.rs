@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::socket;
 use crate::inbound::{self, Flow};
 use crate::matcher::Matcher;
-use crate::outbound::{Next, OutFrame, Outbound};
+use crate::outbound::{self, Next, OutFrame, Outbound};
 
 /// The link's handle on its connection's tasks.
 #[derive(Debug)]
@@ -68,18 +68,14 @@ impl EpollConn {
     }
 }
 
-/// Requests the close from the reader's side and wakes the writer to carry it out.
+/// Requests the close (first request wins) and wakes the writer to carry it out.
 fn close(
     outbound: &Mutex<Outbound>,
     matcher: &Matcher,
     wake: &Notify,
     depart: Option<chorus_protocol::message::Depart>,
 ) {
-    let dropped = outbound.lock().close(depart);
-    if let Some(dropped) = dropped {
-        for frame in dropped {
-            frame.release(matcher);
-        }
+    if outbound::request_close(outbound, matcher, depart) {
         wake.notify_one();
     }
 }

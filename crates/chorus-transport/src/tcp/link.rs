@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
-use chorus_protocol::message::{ChunkHeader, Depart};
+use chorus_protocol::message::Depart;
 use chorus_protocol::{CloseCode, CommId, Envelope, Epoch, Rank};
 use parking_lot::Mutex;
 
@@ -20,7 +20,7 @@ use super::socket;
 use super::uring::UringConn;
 use crate::inbound;
 use crate::matcher::Matcher;
-use crate::outbound::Outbound;
+use crate::outbound::{self, Outbound};
 
 /// Frames up to this size (header included) are written on the caller's thread when the
 /// stream is idle. Larger ones go to the backend (io_uring may send them zero-copy); at
@@ -91,47 +91,25 @@ impl TcpLink {
     }
 
     fn close(&self, depart: Option<Depart>) {
-        let dropped = self.outbound.lock().close(depart);
-        if let Some(dropped) = dropped {
-            for frame in dropped {
-                frame.release(&self.matcher);
-            }
+        if outbound::request_close(&self.outbound, &self.matcher, depart) {
             self.io.kick();
         }
-    }
-
-    fn stopped(&self) -> LinkError {
-        self.matcher
-            .terminal()
-            .unwrap_or_else(|| LinkError::ConnectionLost {
-                detail: "link is closing".into(),
-            })
     }
 
     async fn send_chunk(&self, tag: Tag, payload: Bytes) -> Result<(), LinkError> {
         if let Some(err) = self.matcher.terminal() {
             return Err(err);
         }
-        let header = ChunkHeader::new(tag.collective, tag.dtype, tag.op, tag.step, tag.offset);
         // Awaiting credit is the only suspension point; once it is granted the frame is
         // written or queued whole, so dropping this future never leaves a partial frame.
         let credit = self.matcher.acquire(payload.len()).await?;
         let mut out = self.outbound.lock();
-        if out.is_closing() {
-            drop(out);
-            self.matcher.release(credit);
-            return Err(self.stopped());
-        }
-        let mut frame = match out.chunk(&header, payload) {
+        let mut frame = match out.admit(&self.matcher, &tag, payload) {
             Ok(frame) => frame,
             Err(e) => {
                 drop(out);
                 self.matcher.release(credit);
-                // Nothing reached the wire: the link stays usable.
-                return Err(LinkError::Protocol {
-                    code: CloseCode::PROTOCOL_VIOLATION,
-                    detail: format!("cannot send: {e}"),
-                });
+                return Err(e);
             }
         };
         if out.is_idle() && frame.len() <= DIRECT_MAX {
@@ -142,9 +120,12 @@ impl TcpLink {
                 Err(e) => {
                     drop(out);
                     self.matcher.release(credit);
-                    inbound::on_lost(&self.matcher, format!("send: {e}"));
+                    let lost = format!("send: {e}");
+                    inbound::on_lost(&self.matcher, lost.clone());
                     self.close(None);
-                    return Err(self.stopped());
+                    return Err(self
+                        .failure()
+                        .unwrap_or(LinkError::ConnectionLost { detail: lost }));
                 }
             }
             if frame.is_done() {

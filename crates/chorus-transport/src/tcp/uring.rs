@@ -41,7 +41,7 @@ use super::socket;
 use crate::config::TransportConfig;
 use crate::inbound::{self, Flow};
 use crate::matcher::Matcher;
-use crate::outbound::{OutFrame, Outbound};
+use crate::outbound::{self, OutFrame, Outbound};
 
 /// How long stopping a ring waits for in-flight operations before leaking them.
 const STOP_BUDGET: Duration = Duration::from_secs(2);
@@ -888,10 +888,7 @@ impl Driver {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        let dropped = c.outbound.lock().close(depart);
-        for frame in dropped.into_iter().flatten() {
-            frame.release(&c.matcher);
-        }
+        outbound::request_close(&c.outbound, &c.matcher, depart);
         self.begin_close(id);
     }
 
