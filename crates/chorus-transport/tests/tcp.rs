@@ -982,7 +982,7 @@ async fn uring_zero_copy_sends_arrive_intact() {
 #[test]
 fn the_golden_hello_is_answered_with_an_ack_that_verifies() {
     let t = TcpTransport::new(config(Backend::Epoll), samples::SECRET).unwrap();
-    let sample = samples::named("hello");
+    let sample = samples::named("hello").expect("the spec has a hello sample");
     let Message::Hello(h) = &sample.message else {
         panic!("the hello sample is a hello")
     };
