@@ -12,6 +12,16 @@
 //! receiver will have sent, so nothing of the operation stays held on a link. Algorithms
 //! interleave their sends and receives chunk by chunk, which with `grant < depth` keeps this
 //! deadlock-free (a rank blocked on credit has consumed what its peers need from it).
+//!
+//! # Tags
+//!
+//! A data payload's tag step is its index among the operation's payloads on that link in
+//! that direction (both ends enumerate them in the same order), not its place in the
+//! schedule: the first payload two ranks exchange in an operation is always step 0, so a
+//! rank that called a different collective, or passed a different count, is caught by the
+//! receiver's tag check (collective, offset or dtype differ) instead of leaving both ranks
+//! waiting on tags the other never sends. The schedule step, which says where the algorithm
+//! is, goes to progress and errors.
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
@@ -182,13 +192,15 @@ where
     /// driving the pending sends.
     async fn wait<T>(
         &mut self,
-        step: u32,
+        step: Option<u32>,
         peer: u32,
         mut fut: LinkFuture<'e, T>,
     ) -> Result<T, OpError> {
-        self.at_step = Some(step & !CREDIT);
+        if let Some(step) = step {
+            self.at_step = Some(step);
+        }
         self.at_peer = Some(Rank(peer));
-        self.progress.enter(step & !CREDIT, Rank(peer));
+        self.progress.enter(self.at_step.unwrap_or(0), Rank(peer));
         let aborted = &mut self.aborted;
         let sends = &mut self.sends;
         let result = poll_fn(|cx| {
@@ -213,13 +225,18 @@ where
             Failure::Link(e) => self.error(OpErrorKind::Link(e)),
             Failure::Send(to, step, e) => {
                 self.at_peer = Some(to);
-                self.at_step = Some(step & !CREDIT);
+                self.at_step = Some(step);
                 self.error(OpErrorKind::Link(e))
             }
         }
     }
 
-    /// Send a data payload to `peer` under `step`, waiting for flow-control credit first.
+    /// Send a data payload to `peer` at schedule step `step`, waiting for flow-control
+    /// credit first. The tag's step is the payload's index among this operation's payloads
+    /// to `peer`: the first payload between two ranks in an operation always carries step
+    /// 0, so ranks that called different collectives (or the same one with a different
+    /// schedule) meet on the same `(op, step)` and the receiver reports the mismatch,
+    /// instead of both waiting for tags the other never sends.
     pub(crate) async fn send(
         &mut self,
         peer: u32,
@@ -228,35 +245,36 @@ where
         payload: D::Payload,
     ) -> Result<(), OpError> {
         let link = self.link(peer)?;
-        loop {
+        self.at_step = Some(step);
+        let index = loop {
             let flow = self.flows.entry(peer).or_default();
             if flow.sent < u64::from(flow.credits_in) * self.grant + self.depth {
                 flow.sent += 1;
-                break;
+                break flow.sent - 1;
             }
             let n = flow.credits_in + 1;
             self.claim_credit(link, peer, n).await?;
-        }
-        self.post(link, peer, self.tag(step, offset), payload);
+        };
+        self.post(link, peer, self.tag(index as u32, offset), payload, step);
         Ok(())
     }
 
     async fn claim_credit(&mut self, link: &'e L, peer: u32, n: u32) -> Result<(), OpError> {
         let tag = self.tag(CREDIT | n, 0);
         let fut = link.recv(tag);
-        self.wait(CREDIT | n, peer, fut).await?;
+        self.wait(None, peer, fut).await?;
         self.flows.entry(peer).or_default().credits_in = n;
         Ok(())
     }
 
-    fn post(&mut self, link: &'e L, peer: u32, tag: Tag, payload: D::Payload) {
+    fn post(&mut self, link: &'e L, peer: u32, tag: Tag, payload: D::Payload, step: u32) {
         let fut = link.send(tag, payload);
-        let step = tag.step;
         self.sends
             .push(Box::pin(async move { (Rank(peer), step, fut.await) }));
     }
 
-    /// Receive the data payload `peer` sends under `step`, which must be `len` bytes.
+    /// Receive the data payload `peer` sends at schedule step `step`, which must be `len`
+    /// bytes (tagged by its index, as in [`Run::send`]).
     pub(crate) async fn recv(
         &mut self,
         peer: u32,
@@ -265,8 +283,9 @@ where
         len: usize,
     ) -> Result<D::Payload, OpError> {
         let link = self.link(peer)?;
-        let fut = link.recv(self.tag(step, offset));
-        let payload = self.wait(step, peer, fut).await?;
+        let index = self.flows.entry(peer).or_default().consumed as u32;
+        let fut = link.recv(self.tag(index, offset));
+        let payload = self.wait(Some(step), peer, fut).await?;
         let got = self.dev.payload_len(&payload);
         if got != len {
             return Err(self.error(OpErrorKind::SizeMismatch { expected: len, got }));
@@ -278,7 +297,7 @@ where
             let n = flow.credits_out;
             let tag = self.tag(CREDIT | n, 0);
             let empty = self.empty()?;
-            self.post(link, peer, tag, empty);
+            self.post(link, peer, tag, empty, step);
         }
         Ok(payload)
     }

@@ -1,5 +1,5 @@
-//! Point-to-point send and receive, chunked. Tags: the per-peer send/receive sequence as
-//! the operation, step the chunk index, offset the chunk's place in the buffer.
+//! Point-to-point send and receive, chunked. Tags carry the per-peer send/receive sequence
+//! as the operation; the schedule step is the chunk index.
 
 use crate::algo::cut;
 use crate::device::Device;

@@ -1,6 +1,6 @@
 //! Gather and scatter: the root exchanges with each other rank in turn, chunk by chunk
-//! (flow control keeps the ranks that wait their turn from flooding the root). Tags: step
-//! the chunk index, offset the block's place in the root's buffer.
+//! (flow control keeps the ranks that wait their turn from flooding the root). Schedule
+//! step: the chunk index; tag offset: the block's place in the root's buffer.
 
 use crate::algo::{cut, step};
 use crate::device::Device;

@@ -106,7 +106,7 @@ pub(crate) fn part(total: usize, parts: usize, i: usize) -> (usize, usize) {
     (i * base + i.min(extra), base + usize::from(i < extra))
 }
 
-/// The tag step of chunk `c` in phase `phase` of a schedule with `k` chunks per phase.
+/// The schedule step of chunk `c` in phase `phase` of a schedule with `k` chunks per phase.
 /// Callers size `k` with [`crate::run::Run::chunk_elems`], which keeps this below the credit
 /// bit.
 pub(crate) fn step(phase: usize, k: usize, c: usize) -> u32 {

@@ -1,6 +1,6 @@
 //! All-to-all by pairwise exchange: at step `s` (1..n) each rank sends its block for
-//! `r + s` and receives from `r - s`, chunk by chunk. Tags: step `(s-1) * k + c`, offset
-//! the block's place in the sender's buffer.
+//! `r + s` and receives from `r - s`, chunk by chunk. Schedule step `(s-1) * k + c`; tag
+//! offset: the block's place in the sender's buffer.
 
 use crate::algo::{cut, step};
 use crate::device::Device;

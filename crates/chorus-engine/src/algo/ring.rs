@@ -3,7 +3,7 @@
 //! The buffer is cut into `n` segments and each segment into `k` chunks; the loops run chunk
 //! by chunk through every step of the ring (as NCCL's do), so each rank alternates one send
 //! and one receive and a chunk's next hop overlaps the neighbours' work on other chunks.
-//! Tags: step `t * k + c` for chunk `c` at ring step `t`.
+//! Schedule step (progress, errors): `t * k + c` for chunk `c` at ring step `t`.
 
 use crate::algo::{cut, part, step};
 use crate::device::Device;

@@ -3,7 +3,7 @@
 //!
 //! Ranks are renumbered relative to the root (`vr = (rank - root) mod n`); the parent of
 //! `vr` is `vr` without its lowest set bit, its children `vr + 2^j` for `2^j` below that
-//! bit. Tag step: the chunk index.
+//! bit. Schedule step: the chunk index.
 
 use crate::algo::{cut, step};
 use crate::device::Device;
