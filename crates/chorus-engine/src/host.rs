@@ -160,7 +160,7 @@ impl Device for HostDevice {
 }
 
 fn whole(len: usize, dtype: DType) -> Result<(), DeviceError> {
-    if len % dtype.size() == 0 {
+    if len.is_multiple_of(dtype.size()) {
         Ok(())
     } else {
         Err(DeviceError::Misaligned { len, dtype })

@@ -227,7 +227,7 @@ scale_int_impl!(i8, u8, i32, u32, i64, u64);
 
 fn scale_int<T: ScaleInt>(mem: &mut [u8], factor: f64) {
     // 2^63 bounds the integral factors that convert to i64 exactly.
-    if factor.fract() == 0.0 && factor.abs() < 9.223_372_036_854_775_808e18 {
+    if factor.fract() == 0.0 && factor.abs() < 9_223_372_036_854_775_808.0 {
         let f = T::from_i64_wrapping(factor as i64);
         map_native::<T>(mem, |x| T::prod(x, f));
     } else {
@@ -446,7 +446,7 @@ mod tests {
         // 257 is a tie between 256 and 258 in bf16: even mantissa wins.
         assert_eq!(got[1].to_f32(), 256.0);
         assert!(got[2].is_nan());
-        for x in [1.0f32, 1.00390625, 3.1e38, -7.7e-39, f32::INFINITY, 0.1] {
+        for x in [1.0f32, 1.003_906_2, 3.1e38, -7.7e-39, f32::INFINITY, 0.1] {
             assert_eq!(bf16_bits(x), bf16::from_f32(x).to_bits(), "{x}");
         }
     }

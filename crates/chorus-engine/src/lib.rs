@@ -59,7 +59,7 @@ pub fn host_reduce(
             size: dst.len(),
         });
     }
-    if dst.len() % dtype.size() != 0 {
+    if !dst.len().is_multiple_of(dtype.size()) {
         return Err(DeviceError::Misaligned {
             len: dst.len(),
             dtype,

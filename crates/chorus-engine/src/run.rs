@@ -292,7 +292,7 @@ where
         }
         let flow = self.flows.entry(peer).or_default();
         flow.consumed += 1;
-        if flow.consumed % self.grant == 0 {
+        if flow.consumed.is_multiple_of(self.grant) {
             flow.credits_out += 1;
             let n = flow.credits_out;
             let tag = self.tag(CREDIT | n, 0);

@@ -27,15 +27,15 @@ pub fn select(
         if bytes < below { fast } else { Algorithm::Ring }
     };
     match collective {
-        Collective::AllReduce => o.all_reduce.unwrap_or_else(|| {
-            if bytes < t.all_reduce_doubling_below {
+        Collective::AllReduce => o
+            .all_reduce
+            .unwrap_or(if bytes < t.all_reduce_doubling_below {
                 Algorithm::RecursiveDoubling
             } else if bytes < t.all_reduce_halving_below {
                 Algorithm::HalvingDoubling
             } else {
                 Algorithm::Ring
-            }
-        }),
+            }),
         Collective::Reduce => o
             .reduce
             .unwrap_or_else(|| small(t.tree_below, Algorithm::BinomialTree)),

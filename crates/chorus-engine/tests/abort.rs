@@ -1,5 +1,7 @@
 //! Aborts, failures and bad input: every operation ends, promptly, with a named error.
 
+#![allow(clippy::unwrap_used, clippy::useless_vec)]
+
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,6 +1,8 @@
 //! The correctness matrix: every collective, algorithm, dtype and reduction against a
 //! sequential reference, in and out of place, over worlds of 1 to 16 ranks.
 
+#![allow(clippy::unwrap_used, clippy::collapsible_match)]
+
 mod common;
 
 use std::time::Duration;

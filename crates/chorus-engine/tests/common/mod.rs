@@ -1,7 +1,7 @@
 //! Shared harness for the engine's integration tests: ranks as threads over in-process
 //! links, deterministic inputs and a sequential reference.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -39,7 +39,7 @@ pub fn run_world<R: Send>(
         }
     }
     let (tx, rx) = mpsc::channel();
-    let results = thread::scope(|s| {
+    thread::scope(|s| {
         let handles: Vec<_> = per_rank
             .iter()
             .map(|engines| {
@@ -70,8 +70,7 @@ pub fn run_world<R: Send>(
             .collect();
         assert!(!timed_out, "world of {n} did not finish within {limit:?}");
         results
-    });
-    results
+    })
 }
 
 /// One config forcing `algos` (`[all-reduce, reduce, broadcast, all-gather, reduce-scatter]`).
