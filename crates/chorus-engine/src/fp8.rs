@@ -7,67 +7,95 @@
 //! rounds to ±infinity. NaN stays NaN (the canonical quiet NaN of each format, sign kept).
 //! The CUDA device must round the same way so host and GPU ranks agree bit for bit.
 
-/// Decode table for E4M3: exponent bias 7, 3 mantissa bits, `S.1111.111` is NaN.
-static E4M3_TO_F32: [f32; 256] = e4m3_table();
-/// Decode table for E5M2: exponent bias 15, 2 mantissa bits, IEEE-style inf and NaN.
-static E5M2_TO_F32: [f32; 256] = e5m2_table();
-
-/// The value of an E4M3 byte.
-#[inline]
+/// The value of an E4M3 byte (exponent bias 7, 3 mantissa bits, `S.1111.111` is NaN).
+/// Branch-free, so loops over it vectorise.
+#[inline(always)]
 pub fn e4m3_to_f32(b: u8) -> f32 {
-    E4M3_TO_F32[usize::from(b)]
+    let b = u32::from(b);
+    let sign = (b & 0x80) << 24;
+    let em = b & 0x7f;
+    let normal = f32::from_bits((em << 20) + ((127 - 7) << 23));
+    let sub = em as f32 * (1.0 / 512.0);
+    let v = if em >= 8 { normal } else { sub };
+    let v = if em == 0x7f { f32::NAN } else { v };
+    f32::from_bits(v.to_bits() | sign)
 }
 
-/// The value of an E5M2 byte.
-#[inline]
+/// The value of an E5M2 byte (exponent bias 15, 2 mantissa bits, IEEE-style infinities and
+/// NaNs): the top byte of an IEEE half.
+#[inline(always)]
 pub fn e5m2_to_f32(b: u8) -> f32 {
-    E5M2_TO_F32[usize::from(b)]
+    f16_to_f32(u16::from(b) << 8)
 }
 
-/// `x` rounded to E4M3 (nearest, ties to even; saturating at ±448).
-#[inline]
+/// `x` rounded to E4M3 (nearest, ties to even; saturating at ±448). Branch-free.
+#[inline(always)]
 pub fn f32_to_e4m3(x: f32) -> u8 {
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
     let a = bits & 0x7fff_ffff;
-    if a > 0x7f80_0000 {
-        return sign | 0x7f;
-    }
-    if a >= 0x43e0_0000 {
-        // |x| >= 448 (infinity included): saturate to the largest finite value.
-        return sign | 0x7e;
-    }
-    if a >= 0x3c80_0000 {
-        // Normal in E4M3 (|x| >= 2^-6): keep 3 mantissa bits, round at bit 20, rebias.
-        let r = a + 0x7_ffff + ((a >> 20) & 1);
-        let v = (r >> 20) - ((127 - 7) << 3);
-        return sign | v as u8;
-    }
+    // Normal in E4M3 (|x| >= 2^-6): keep 3 mantissa bits, round at bit 20, rebias.
+    let r = a.wrapping_add(0x7_ffff + ((a >> 20) & 1));
+    let normal = (r >> 20).wrapping_sub((127 - 7) << 3) as u8;
     // Subnormal or zero: a multiple of 2^-9; 8 * 2^-9 rounds up into the smallest normal,
     // whose encoding is 0x08, so the integer is the encoding either way.
-    let m = (f32::from_bits(a) * 512.0).round_ties_even();
-    sign | m as u8
+    let sub = (f32::from_bits(a) * 512.0).round_ties_even() as u8;
+    let v = if a >= 0x3c80_0000 { normal } else { sub };
+    // |x| >= 448 (infinity included) saturates to the largest finite value; NaN stays NaN.
+    let v = if a >= 0x43e0_0000 { 0x7e } else { v };
+    let v = if a > 0x7f80_0000 { 0x7f } else { v };
+    sign | v
 }
 
-/// `x` rounded to E5M2 (nearest, ties to even; overflow to ±infinity).
-#[inline]
+/// `x` rounded to E5M2 (nearest, ties to even; overflow to ±infinity). Branch-free.
+#[inline(always)]
 pub fn f32_to_e5m2(x: f32) -> u8 {
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
     let a = bits & 0x7fff_ffff;
-    if a > 0x7f80_0000 {
-        return sign | 0x7f;
-    }
-    if a >= 0x3880_0000 {
-        // Normal in E5M2 (|x| >= 2^-14): keep 2 mantissa bits, round at bit 21, rebias.
-        let r = a + 0xf_ffff + ((a >> 21) & 1);
-        let v = (r >> 21) - ((127 - 15) << 2);
-        return sign | v.min(0x7c) as u8;
-    }
-    let m = (f32::from_bits(a) * 65536.0).round_ties_even();
-    sign | m as u8
+    let r = a.wrapping_add(0xf_ffff + ((a >> 21) & 1));
+    let normal = (r >> 21).wrapping_sub((127 - 15) << 2).min(0x7c) as u8;
+    let sub = (f32::from_bits(a) * 65536.0).round_ties_even() as u8;
+    let v = if a >= 0x3880_0000 { normal } else { sub };
+    let v = if a > 0x7f80_0000 { 0x7f } else { v };
+    sign | v
 }
 
+/// The value of IEEE half bits. Branch-free (no subnormal float arithmetic either, which
+/// some CPUs take a slow path for), so loops over it vectorise; agrees with `half`.
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7fff;
+    let normal = (em << 13) + ((127 - 15) << 23);
+    let special = (em << 13) | 0x7f80_0000;
+    let sub = (em as f32 * (1.0 / 16_777_216.0)).to_bits();
+    let v = if em < 0x400 { sub } else { normal };
+    let v = if em >= 0x7c00 { special } else { v };
+    f32::from_bits(v | sign)
+}
+
+/// `x` rounded to IEEE half bits (nearest, ties to even; NaN stays a quiet NaN).
+/// Branch-free; agrees with `half::f16::from_f32`.
+#[inline(always)]
+pub fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let a = b & 0x7fff_ffff;
+    let r = a.wrapping_add(0xfff + ((a >> 13) & 1));
+    let normal = (r >> 13).wrapping_sub((127 - 15) << 10).min(0x7c00) as u16;
+    // Below 2^-14: adding 0.5 leaves the value's multiple of 2^-24 in the low mantissa
+    // bits, rounded to nearest even by the addition itself.
+    let sub = ((f32::from_bits(a) + 0.5).to_bits() - 0x3f00_0000) as u16;
+    let nan = 0x7e00 | ((a >> 13) & 0x3ff) as u16;
+    let v = if a >= 0x3880_0000 { normal } else { sub };
+    let v = if a > 0x7f80_0000 { nan } else { v };
+    sign | v
+}
+
+#[cfg(test)]
+/// Reference decode tables, written from the format definitions.
 const fn e4m3_table() -> [f32; 256] {
     let mut t = [0.0f32; 256];
     let mut i = 0;
@@ -88,6 +116,7 @@ const fn e4m3_table() -> [f32; 256] {
     t
 }
 
+#[cfg(test)]
 const fn e5m2_table() -> [f32; 256] {
     let mut t = [0.0f32; 256];
     let mut i = 0;
@@ -136,6 +165,52 @@ mod tests {
         assert_eq!(e5m2_to_f32(0x7c), f32::INFINITY);
         assert_eq!(e5m2_to_f32(0x01), 2f32.powi(-16));
         assert!(e5m2_to_f32(0x7e).is_nan());
+    }
+
+    #[test]
+    fn decoders_match_the_format_tables() {
+        let (t4, t5) = (e4m3_table(), e5m2_table());
+        for b in 0..=255u8 {
+            let (x, y) = (e4m3_to_f32(b), t4[usize::from(b)]);
+            assert!(
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "{b:#x}"
+            );
+            let (x, y) = (e5m2_to_f32(b), t5[usize::from(b)]);
+            assert!(
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "{b:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn f16_codec_matches_half() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = f16_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#x}"
+            );
+        }
+        // Every f32 exponent, with mantissas around the rounding points.
+        for e in 0..=255u32 {
+            for m in [
+                0u32, 1, 0xfff, 0x1000, 0x1fff, 0x2000, 0x3000, 0x7f_e000, 0x7f_ffff, 0x40_0000,
+            ] {
+                for s in [0u32, 1 << 31] {
+                    let x = f32::from_bits(s | e << 23 | m);
+                    let want = half::f16::from_f32(x);
+                    let got = f32_to_f16(x);
+                    if x.is_nan() {
+                        assert!(half::f16::from_bits(got).is_nan());
+                    } else {
+                        assert_eq!(got, want.to_bits(), "{x:e} ({:#x})", x.to_bits());
+                    }
+                }
+            }
+        }
     }
 
     #[test]

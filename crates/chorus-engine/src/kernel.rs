@@ -8,14 +8,18 @@
 //! (IEEE `minNum`/`maxNum`), which is commutative, so every rank of a collective computes the
 //! same bits whatever the order its algorithm combines them in.
 //!
+//! Each entry point runs under [`pulp::Arch::dispatch`], which compiles the (fully inlined)
+//! loops a second time with AVX2/FMA/F16C enabled and picks that copy at run time when the
+//! CPU has them, so the crate stays free of `unsafe` and of `-C target-cpu` requirements.
+//!
 //! Slices of any alignment are accepted: when a slice is not aligned for its element type
 //! (a payload cut from a receive buffer at an odd offset), blocks are staged through aligned
 //! stack buffers.
 
+use std::sync::OnceLock;
+
 use bytemuck::Pod;
 use chorus_protocol::{DType, ReduceOp};
-use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 use crate::device::DeviceError;
 use crate::fp8;
@@ -32,6 +36,70 @@ pub(crate) fn reduce(
     op: ReduceOp,
 ) -> Result<(), DeviceError> {
     debug_assert_eq!(dst.len(), src.len());
+    arch().dispatch(Reduce {
+        dst,
+        src,
+        dtype,
+        op,
+    })
+}
+
+// The entry points as `pulp` operations: `with_simd` is inlined into a function compiled
+// with the chosen instruction set, and everything below it is `#[inline(always)]`, so the
+// whole loop nest is generated for that set. (A closure would be compiled on its own,
+// for the baseline, and only called from there.)
+
+struct Reduce<'a> {
+    dst: &'a mut [u8],
+    src: &'a [u8],
+    dtype: DType,
+    op: ReduceOp,
+}
+
+impl pulp::WithSimd for Reduce<'_> {
+    type Output = Result<(), DeviceError>;
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) -> Self::Output {
+        reduce_any(self.dst, self.src, self.dtype, self.op)
+    }
+}
+
+struct Scale<'a> {
+    mem: &'a mut [u8],
+    dtype: DType,
+    factor: f64,
+}
+
+impl pulp::WithSimd for Scale<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        scale_any(self.mem, self.dtype, self.factor)
+    }
+}
+
+struct Divide<'a> {
+    mem: &'a mut [u8],
+    dtype: DType,
+    divisor: u32,
+}
+
+impl pulp::WithSimd for Divide<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        divide_any(self.mem, self.dtype, self.divisor)
+    }
+}
+
+/// The best instruction set this CPU has, detected once.
+fn arch() -> pulp::Arch {
+    static ARCH: OnceLock<pulp::Arch> = OnceLock::new();
+    *ARCH.get_or_init(pulp::Arch::new)
+}
+
+#[inline(always)]
+fn reduce_any(dst: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) -> Result<(), DeviceError> {
     match dtype {
         DType::F32 => native::<f32>(dst, src, op),
         DType::F64 => native::<f64>(dst, src, op),
@@ -54,6 +122,11 @@ pub(crate) fn reduce(
 /// any other factor goes through `f64` and truncates toward zero, saturating at the type's
 /// bounds.
 pub(crate) fn scale(mem: &mut [u8], dtype: DType, factor: f64) {
+    arch().dispatch(Scale { mem, dtype, factor })
+}
+
+#[inline(always)]
+fn scale_any(mem: &mut [u8], dtype: DType, factor: f64) {
     match dtype {
         DType::F32 => {
             let f = factor as f32;
@@ -76,6 +149,15 @@ pub(crate) fn scale(mem: &mut [u8], dtype: DType, factor: f64) {
 /// `mem[i] /= divisor`: integers truncate toward zero, floats divide in their compute
 /// precision (the quotient is then rounded once to the type).
 pub(crate) fn divide(mem: &mut [u8], dtype: DType, divisor: u32) {
+    arch().dispatch(Divide {
+        mem,
+        dtype,
+        divisor,
+    })
+}
+
+#[inline(always)]
+fn divide_any(mem: &mut [u8], dtype: DType, divisor: u32) {
     let d = divisor.max(1);
     match dtype {
         DType::F32 => {
@@ -142,6 +224,7 @@ macro_rules! native_float {
 }
 native_float!(f32, f64);
 
+#[inline(always)]
 fn native<T: Native>(dst: &mut [u8], src: &[u8], op: ReduceOp) -> Result<(), ()> {
     match op {
         ReduceOp::Sum => zip_native::<T>(dst, src, T::sum),
@@ -225,6 +308,7 @@ macro_rules! scale_int_impl {
 }
 scale_int_impl!(i8, u8, i32, u32, i64, u64);
 
+#[inline(always)]
 fn scale_int<T: ScaleInt>(mem: &mut [u8], factor: f64) {
     // 2^63 bounds the integral factors that convert to i64 exactly.
     if factor.fract() == 0.0 && factor.abs() < 9_223_372_036_854_775_808.0 {
@@ -255,38 +339,57 @@ struct E5M2;
 
 impl Widened for F16 {
     const SIZE: usize = 2;
+    #[inline(always)]
     fn widen(src: &[u8], out: &mut [f32]) {
-        match bytemuck::try_cast_slice::<u8, f16>(src) {
-            Ok(s) => s.convert_to_f32_slice(out),
-            Err(_) => {
-                for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
-                }
-            }
-        }
+        widen16(src, out, fp8::f16_to_f32);
     }
+    #[inline(always)]
     fn narrow(src: &[f32], out: &mut [u8]) {
-        match bytemuck::try_cast_slice_mut::<u8, f16>(out) {
-            Ok(o) => o.convert_from_f32_slice(src),
-            Err(_) => {
-                for (c, s) in out.chunks_exact_mut(2).zip(src) {
-                    c.copy_from_slice(&f16::from_f32(*s).to_le_bytes());
-                }
-            }
-        }
+        narrow16(src, out, fp8::f32_to_f16);
     }
 }
 
 impl Widened for BF16 {
     const SIZE: usize = 2;
+    #[inline(always)]
     fn widen(src: &[u8], out: &mut [f32]) {
-        for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-            *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+        widen16(src, out, |h| f32::from_bits(u32::from(h) << 16));
+    }
+    #[inline(always)]
+    fn narrow(src: &[f32], out: &mut [u8]) {
+        narrow16(src, out, bf16_bits);
+    }
+}
+
+/// Decode 16-bit elements, through a `u16` view when aligned (the loop that vectorises).
+#[inline(always)]
+fn widen16(src: &[u8], out: &mut [f32], f: impl Fn(u16) -> f32) {
+    match bytemuck::try_cast_slice::<u8, u16>(src) {
+        Ok(s) => {
+            for (o, h) in out.iter_mut().zip(s) {
+                *o = f(*h);
+            }
+        }
+        Err(_) => {
+            for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = f(u16::from_le_bytes([c[0], c[1]]));
+            }
         }
     }
-    fn narrow(src: &[f32], out: &mut [u8]) {
-        for (c, s) in out.chunks_exact_mut(2).zip(src) {
-            c.copy_from_slice(&bf16_bits(*s).to_le_bytes());
+}
+
+#[inline(always)]
+fn narrow16(src: &[f32], out: &mut [u8], f: impl Fn(f32) -> u16) {
+    match bytemuck::try_cast_slice_mut::<u8, u16>(out) {
+        Ok(o) => {
+            for (h, x) in o.iter_mut().zip(src) {
+                *h = f(*x);
+            }
+        }
+        Err(_) => {
+            for (c, x) in out.chunks_exact_mut(2).zip(src) {
+                c.copy_from_slice(&f(*x).to_le_bytes());
+            }
         }
     }
 }
@@ -307,11 +410,13 @@ fn bf16_bits(x: f32) -> u16 {
 
 impl Widened for E4M3 {
     const SIZE: usize = 1;
+    #[inline(always)]
     fn widen(src: &[u8], out: &mut [f32]) {
         for (o, b) in out.iter_mut().zip(src) {
             *o = fp8::e4m3_to_f32(*b);
         }
     }
+    #[inline(always)]
     fn narrow(src: &[f32], out: &mut [u8]) {
         for (o, s) in out.iter_mut().zip(src) {
             *o = fp8::f32_to_e4m3(*s);
@@ -321,11 +426,13 @@ impl Widened for E4M3 {
 
 impl Widened for E5M2 {
     const SIZE: usize = 1;
+    #[inline(always)]
     fn widen(src: &[u8], out: &mut [f32]) {
         for (o, b) in out.iter_mut().zip(src) {
             *o = fp8::e5m2_to_f32(*b);
         }
     }
+    #[inline(always)]
     fn narrow(src: &[f32], out: &mut [u8]) {
         for (o, s) in out.iter_mut().zip(src) {
             *o = fp8::f32_to_e5m2(*s);
@@ -333,6 +440,7 @@ impl Widened for E5M2 {
     }
 }
 
+#[inline(always)]
 fn widened<W: Widened>(dst: &mut [u8], src: &[u8], op: ReduceOp) -> Result<(), ()> {
     match op {
         ReduceOp::Sum => zip_widened::<W>(dst, src, |a, b| a + b),
@@ -358,6 +466,7 @@ fn zip_widened<W: Widened>(dst: &mut [u8], src: &[u8], f: impl Fn(f32, f32) -> f
     }
 }
 
+#[inline(always)]
 fn map_widened<W: Widened>(mem: &mut [u8], k: f32, f: impl Fn(f32, f32) -> f32 + Copy) {
     let mut a = [0f32; BLOCK];
     for c in mem.chunks_mut(BLOCK * W::SIZE) {
@@ -371,7 +480,7 @@ fn map_widened<W: Widened>(mem: &mut [u8], k: f32, f: impl Fn(f32, f32) -> f32 +
 #[cfg(test)]
 mod tests {
     use super::*;
-    use half::bf16;
+    use half::{bf16, f16};
 
     fn bytes<T: Pod>(v: &[T]) -> Vec<u8> {
         bytemuck::cast_slice(v).to_vec()
