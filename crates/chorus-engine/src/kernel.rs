@@ -111,8 +111,8 @@ fn reduce_any(dst: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) -> Result<
         DType::U64 => native::<u64>(dst, src, op),
         DType::F16 => widened::<F16>(dst, src, op),
         DType::BF16 => widened::<BF16>(dst, src, op),
-        DType::F8E4M3 => widened::<E4M3>(dst, src, op),
-        DType::F8E5M2 => widened::<E5M2>(dst, src, op),
+        DType::F8E4M3 => fp8_reduce::<E4M3>(dst, src, op),
+        DType::F8E5M2 => fp8_reduce::<E5M2>(dst, src, op),
     }
     .map_err(|()| DeviceError::Unsupported { op, dtype })
 }
@@ -322,14 +322,13 @@ fn scale_int<T: ScaleInt>(mem: &mut [u8], factor: f64) {
 // ---------------------------------------------------------------------------------------------
 // Types computed in f32
 
-/// A storage type that computes in `f32`: conversions of a block both ways.
+/// A storage type that computes in `f32`: one element's conversions both ways. The loops
+/// below apply them elementwise in a single fused pass, which vectorises.
 trait Widened {
-    /// Bytes per element.
-    const SIZE: usize;
-    /// Decode `src` (exactly `out.len()` elements) into `out`.
-    fn widen(src: &[u8], out: &mut [f32]);
-    /// Round `src` into `out` (exactly `src.len()` elements).
-    fn narrow(src: &[f32], out: &mut [u8]);
+    /// The storage bits.
+    type Bits: Pod;
+    fn widen(b: Self::Bits) -> f32;
+    fn narrow(x: f32) -> Self::Bits;
 }
 
 struct F16;
@@ -338,59 +337,50 @@ struct E4M3;
 struct E5M2;
 
 impl Widened for F16 {
-    const SIZE: usize = 2;
+    type Bits = u16;
     #[inline(always)]
-    fn widen(src: &[u8], out: &mut [f32]) {
-        widen16(src, out, fp8::f16_to_f32);
+    fn widen(b: u16) -> f32 {
+        fp8::f16_to_f32(b)
     }
     #[inline(always)]
-    fn narrow(src: &[f32], out: &mut [u8]) {
-        narrow16(src, out, fp8::f32_to_f16);
+    fn narrow(x: f32) -> u16 {
+        fp8::f32_to_f16(x)
     }
 }
 
 impl Widened for BF16 {
-    const SIZE: usize = 2;
+    type Bits = u16;
     #[inline(always)]
-    fn widen(src: &[u8], out: &mut [f32]) {
-        widen16(src, out, |h| f32::from_bits(u32::from(h) << 16));
+    fn widen(b: u16) -> f32 {
+        f32::from_bits(u32::from(b) << 16)
     }
     #[inline(always)]
-    fn narrow(src: &[f32], out: &mut [u8]) {
-        narrow16(src, out, bf16_bits);
+    fn narrow(x: f32) -> u16 {
+        bf16_bits(x)
     }
 }
 
-/// Decode 16-bit elements, through a `u16` view when aligned (the loop that vectorises).
-#[inline(always)]
-fn widen16(src: &[u8], out: &mut [f32], f: impl Fn(u16) -> f32) {
-    match bytemuck::try_cast_slice::<u8, u16>(src) {
-        Ok(s) => {
-            for (o, h) in out.iter_mut().zip(s) {
-                *o = f(*h);
-            }
-        }
-        Err(_) => {
-            for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *o = f(u16::from_le_bytes([c[0], c[1]]));
-            }
-        }
+impl Widened for E4M3 {
+    type Bits = u8;
+    #[inline(always)]
+    fn widen(b: u8) -> f32 {
+        fp8::e4m3_to_f32(b)
+    }
+    #[inline(always)]
+    fn narrow(x: f32) -> u8 {
+        fp8::f32_to_e4m3(x)
     }
 }
 
-#[inline(always)]
-fn narrow16(src: &[f32], out: &mut [u8], f: impl Fn(f32) -> u16) {
-    match bytemuck::try_cast_slice_mut::<u8, u16>(out) {
-        Ok(o) => {
-            for (h, x) in o.iter_mut().zip(src) {
-                *h = f(*x);
-            }
-        }
-        Err(_) => {
-            for (c, x) in out.chunks_exact_mut(2).zip(src) {
-                c.copy_from_slice(&f(*x).to_le_bytes());
-            }
-        }
+impl Widened for E5M2 {
+    type Bits = u8;
+    #[inline(always)]
+    fn widen(b: u8) -> f32 {
+        fp8::e5m2_to_f32(b)
+    }
+    #[inline(always)]
+    fn narrow(x: f32) -> u8 {
+        fp8::f32_to_e5m2(x)
     }
 }
 
@@ -408,73 +398,94 @@ fn bf16_bits(x: f32) -> u16 {
     }
 }
 
-impl Widened for E4M3 {
-    const SIZE: usize = 1;
-    #[inline(always)]
-    fn widen(src: &[u8], out: &mut [f32]) {
-        for (o, b) in out.iter_mut().zip(src) {
-            *o = fp8::e4m3_to_f32(*b);
-        }
-    }
-    #[inline(always)]
-    fn narrow(src: &[f32], out: &mut [u8]) {
-        for (o, s) in out.iter_mut().zip(src) {
-            *o = fp8::f32_to_e4m3(*s);
-        }
-    }
-}
-
-impl Widened for E5M2 {
-    const SIZE: usize = 1;
-    #[inline(always)]
-    fn widen(src: &[u8], out: &mut [f32]) {
-        for (o, b) in out.iter_mut().zip(src) {
-            *o = fp8::e5m2_to_f32(*b);
-        }
-    }
-    #[inline(always)]
-    fn narrow(src: &[f32], out: &mut [u8]) {
-        for (o, s) in out.iter_mut().zip(src) {
-            *o = fp8::f32_to_e5m2(*s);
-        }
-    }
-}
-
 #[inline(always)]
 fn widened<W: Widened>(dst: &mut [u8], src: &[u8], op: ReduceOp) -> Result<(), ()> {
     match op {
-        ReduceOp::Sum => zip_widened::<W>(dst, src, |a, b| a + b),
-        ReduceOp::Prod => zip_widened::<W>(dst, src, |a, b| a * b),
-        ReduceOp::Min => zip_widened::<W>(dst, src, f32::min),
-        ReduceOp::Max => zip_widened::<W>(dst, src, f32::max),
+        ReduceOp::Sum => {
+            zip_native::<W::Bits>(dst, src, |a, b| W::narrow(W::widen(a) + W::widen(b)))
+        }
+        ReduceOp::Prod => {
+            zip_native::<W::Bits>(dst, src, |a, b| W::narrow(W::widen(a) * W::widen(b)))
+        }
+        ReduceOp::Min => {
+            zip_native::<W::Bits>(dst, src, |a, b| W::narrow(W::widen(a).min(W::widen(b))))
+        }
+        ReduceOp::Max => {
+            zip_native::<W::Bits>(dst, src, |a, b| W::narrow(W::widen(a).max(W::widen(b))))
+        }
         ReduceOp::Avg | ReduceOp::PreMulSum => return Err(()),
     }
     Ok(())
 }
 
+/// fp8 reductions by table: every `(dst, src)` byte pair's result, computed once per
+/// format and operator with the same scalar conversions as the other paths (so the bits are
+/// identical), 64 KiB each, built on first use. One L1/L2 load per element beats decoding,
+/// computing and re-rounding two values.
 #[inline(always)]
-fn zip_widened<W: Widened>(dst: &mut [u8], src: &[u8], f: impl Fn(f32, f32) -> f32 + Copy) {
-    let mut a = [0f32; BLOCK];
-    let mut b = [0f32; BLOCK];
-    let block_bytes = BLOCK * W::SIZE;
-    for (dc, sc) in dst.chunks_mut(block_bytes).zip(src.chunks(block_bytes)) {
-        let n = dc.len() / W::SIZE;
-        W::widen(dc, &mut a[..n]);
-        W::widen(sc, &mut b[..n]);
-        zip_slices(&mut a[..n], &b[..n], f);
-        W::narrow(&a[..n], dc);
+fn fp8_reduce<W: Widened<Bits = u8> + Fp8Tables>(
+    dst: &mut [u8],
+    src: &[u8],
+    op: ReduceOp,
+) -> Result<(), ()> {
+    let slot = match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Prod => 1,
+        ReduceOp::Min => 2,
+        ReduceOp::Max => 3,
+        ReduceOp::Avg | ReduceOp::PreMulSum => return Err(()),
+    };
+    let table: &[u8; 65536] = W::tables()[slot].get_or_init(|| {
+        let f = |a: f32, b: f32| match slot {
+            0 => a + b,
+            1 => a * b,
+            2 => a.min(b),
+            _ => a.max(b),
+        };
+        let mut t = Box::new([0u8; 65536]);
+        for (i, r) in t.iter_mut().enumerate() {
+            *r = W::narrow(f(W::widen((i >> 8) as u8), W::widen(i as u8)));
+        }
+        t
+    });
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = table[usize::from(*d) << 8 | usize::from(*s)];
+    }
+    Ok(())
+}
+
+/// The lazily built operator tables of one fp8 format (sum, prod, min, max).
+trait Fp8Tables {
+    fn tables() -> &'static [OnceLock<Box<[u8; 65536]>>; 4];
+}
+
+impl Fp8Tables for E4M3 {
+    fn tables() -> &'static [OnceLock<Box<[u8; 65536]>>; 4] {
+        static T: [OnceLock<Box<[u8; 65536]>>; 4] = [
+            OnceLock::new(),
+            OnceLock::new(),
+            OnceLock::new(),
+            OnceLock::new(),
+        ];
+        &T
+    }
+}
+
+impl Fp8Tables for E5M2 {
+    fn tables() -> &'static [OnceLock<Box<[u8; 65536]>>; 4] {
+        static T: [OnceLock<Box<[u8; 65536]>>; 4] = [
+            OnceLock::new(),
+            OnceLock::new(),
+            OnceLock::new(),
+            OnceLock::new(),
+        ];
+        &T
     }
 }
 
 #[inline(always)]
 fn map_widened<W: Widened>(mem: &mut [u8], k: f32, f: impl Fn(f32, f32) -> f32 + Copy) {
-    let mut a = [0f32; BLOCK];
-    for c in mem.chunks_mut(BLOCK * W::SIZE) {
-        let n = c.len() / W::SIZE;
-        W::widen(c, &mut a[..n]);
-        a[..n].iter_mut().for_each(|x| *x = f(*x, k));
-        W::narrow(&a[..n], c);
-    }
+    map_native::<W::Bits>(mem, |x| W::narrow(f(W::widen(x), k)));
 }
 
 #[cfg(test)]
