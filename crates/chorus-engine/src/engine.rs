@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use chorus_protocol::message::OpState;
 use chorus_protocol::{Collective, DType, OpSeq, Rank};
+use tracing::Instrument;
 
 use crate::collective;
 use crate::config::{Algorithm, EngineConfig};
@@ -64,6 +65,41 @@ pub struct Engine<D: Device, L: Link<D::Payload> + ?Sized> {
 struct Prepared {
     id: u64,
     progress: Arc<OpProgress>,
+}
+
+/// A prepared operation that is completed exactly once: by [`Armed::finish`], or, if its
+/// future is dropped before it finished (a caller's timeout, a cancelled task), by `Drop`,
+/// which records it as aborted and poisons the communicator, since its peers may still be
+/// exchanging chunks of it.
+struct Armed<'e, D: Device, L: Link<D::Payload> + ?Sized> {
+    engine: &'e Engine<D, L>,
+    p: Prepared,
+    done: bool,
+}
+
+impl<D: Device, L: Link<D::Payload> + ?Sized> Armed<'_, D, L> {
+    fn finish(mut self, result: Result<(), OpError>) -> Result<(), OpError> {
+        self.done = true;
+        self.engine.complete(&self.p, result)
+    }
+}
+
+impl<D: Device, L: Link<D::Payload> + ?Sized> Drop for Armed<'_, D, L> {
+    fn drop(&mut self) {
+        if !self.done {
+            let e = OpError {
+                kind: OpErrorKind::Aborted(AbortReason::requested(
+                    "operation dropped before it completed",
+                )),
+                collective: self.p.progress.collective(),
+                op: self.p.progress.seq(),
+                step: Some(self.p.progress.step()),
+                peer: self.p.progress.waiting_on(),
+                partial_output: true,
+            };
+            let _ = self.engine.complete(&self.p, Err(e));
+        }
+    }
 }
 
 impl<D, L> Engine<D, L>
@@ -205,12 +241,15 @@ where
         ctx: &Context,
         op: Op<'a, D::Mem>,
     ) -> impl Future<Output = Result<(), OpError>> + Send + use<'a, D, L> {
-        let prepared = self.prepare(ctx, &op);
+        let span = self.span(&op);
+        let armed = self.prepare(ctx, &op);
         async move {
-            let p = prepared?;
-            let result = self.execute(&p, op).await;
-            self.complete(&p, result)
+            let armed = armed?;
+            tracing::Span::current().record("op", armed.p.progress.seq().0);
+            let result = self.execute(&armed.p, op).await;
+            armed.finish(result)
         }
+        .instrument(span)
     }
 
     /// Run several operations together (NCCL's group calls): they are submitted in order,
@@ -230,12 +269,19 @@ where
         ctx: &Context,
         ops: Vec<Op<'a, D::Mem>>,
     ) -> impl Future<Output = Result<(), OpError>> + Send + use<'a, D, L> {
-        let prepared: Vec<_> = ops.iter().map(|op| self.prepare(ctx, op)).collect();
+        let prepared: Vec<_> = ops
+            .iter()
+            .map(|op| (self.span(op), self.prepare(ctx, op)))
+            .collect();
         async move {
-            let runs = prepared.into_iter().zip(ops).map(|(p, op)| async move {
-                let p = p?;
-                let result = self.execute(&p, op).await;
-                self.complete(&p, result)
+            let runs = prepared.into_iter().zip(ops).map(|((span, armed), op)| {
+                async move {
+                    let armed = armed?;
+                    tracing::Span::current().record("op", armed.p.progress.seq().0);
+                    let result = self.execute(&armed.p, op).await;
+                    armed.finish(result)
+                }
+                .instrument(span)
             });
             let results = futures::future::join_all(runs).await;
             let mut first: Option<OpError> = None;
@@ -427,7 +473,17 @@ where
 
     /// Assign the sequence number and context, publish progress. Synchronous, so the order
     /// of submission is the order of sequence numbers.
-    fn prepare(&self, ctx: &Context, op: &Op<'_, D::Mem>) -> Result<Prepared, OpError> {
+    fn span(&self, op: &Op<'_, D::Mem>) -> tracing::Span {
+        tracing::debug_span!(
+            "op",
+            rank = self.rank.0,
+            collective = %op.collective(),
+            count = op.count(),
+            op = tracing::field::Empty,
+        )
+    }
+
+    fn prepare(&self, ctx: &Context, op: &Op<'_, D::Mem>) -> Result<Armed<'_, D, L>, OpError> {
         let collective = op.collective();
         let dtype = op.dtype();
         let p2p = match op {
@@ -470,18 +526,21 @@ where
         ));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         lock(&self.running).insert(id, progress.clone());
-        let prepared = Prepared { id, progress };
+        let armed = Armed {
+            engine: self,
+            p: Prepared { id, progress },
+            done: false,
+        };
         if let Some(obs) = &self.observer {
-            obs.started(&prepared.progress);
+            obs.started(&armed.p.progress);
         }
         if !ctx.descends_from(&self.ctx) {
             let e = fail(OpErrorKind::InvalidArgument(
                 "operation context is not under this communicator's context".into(),
             ));
-            let _ = self.complete(&prepared, Err(e.clone()));
-            return Err(e);
+            return Err(armed.finish(Err(e.clone())).err().unwrap_or(e));
         }
-        Ok(prepared)
+        Ok(armed)
     }
 
     async fn execute(&self, p: &Prepared, op: Op<'_, D::Mem>) -> Result<(), OpError> {

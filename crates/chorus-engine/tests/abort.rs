@@ -606,3 +606,39 @@ fn finished_ops_leave_nothing_behind() {
         assert_eq!(e.link(peer).unwrap().held(), 0);
     }
 }
+
+#[test]
+fn a_dropped_op_future_is_recorded_and_poisons() {
+    struct Count(AtomicUsize, AtomicUsize);
+    impl chorus_engine::OpObserver for Count {
+        fn started(&self, _: &Arc<chorus_engine::OpProgress>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn finished(
+            &self,
+            op: &Arc<chorus_engine::OpProgress>,
+            r: Result<(), &chorus_engine::OpError>,
+        ) {
+            assert!(r.is_err());
+            assert_eq!(op.state(), OpState::Aborted);
+            self.1.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let root = Context::root();
+    let count = Arc::new(Count(AtomicUsize::new(0), AtomicUsize::new(0)));
+    let mut es = engines(2, &root, &EngineConfig::default());
+    let e0 = es.remove(0).with_observer(count.clone());
+    {
+        let mut fut = std::pin::pin!(e0.barrier());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(e0.running().len(), 1);
+    }
+    assert!(e0.running().is_empty());
+    assert_eq!(count.0.load(Ordering::Relaxed), 1);
+    assert_eq!(count.1.load(Ordering::Relaxed), 1);
+    let first = e0.poisoned().expect("poisoned");
+    assert!(first.to_string().contains("dropped"));
+    let err = block_on(e0.barrier()).unwrap_err();
+    assert!(matches!(err.kind, OpErrorKind::Poisoned(_)));
+}
