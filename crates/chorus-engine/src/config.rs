@@ -135,7 +135,8 @@ pub struct Overrides {
 pub struct Thresholds {
     /// All-reduce: recursive doubling below this size.
     pub all_reduce_doubling_below: usize,
-    /// All-reduce: halving-doubling below this size (and at or above the doubling bound).
+    /// All-reduce: halving-doubling below this size (and at or above the doubling bound),
+    /// in worlds of more than two.
     pub all_reduce_halving_below: usize,
     /// Broadcast and reduce: binomial tree below this size, pipelined chain at or above.
     pub tree_below: usize,
@@ -159,7 +160,7 @@ impl Default for EngineConfig {
 impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
-            all_reduce_doubling_below: 16 << 10,
+            all_reduce_doubling_below: 64 << 10,
             all_reduce_halving_below: 1 << 20,
             tree_below: 256 << 10,
             all_gather_bruck_below: 64 << 10,

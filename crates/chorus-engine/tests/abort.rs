@@ -642,3 +642,17 @@ fn a_dropped_op_future_is_recorded_and_poisons() {
     let err = block_on(e0.barrier()).unwrap_err();
     assert!(matches!(err.kind, OpErrorKind::Poisoned(_)));
 }
+
+#[test]
+fn engines_and_their_futures_can_cross_threads() {
+    fn send_sync<T: Send + Sync + ?Sized>() {}
+    fn send<T: Send>(_: &T) {}
+    send_sync::<Engine<HostDevice, dyn Link<Bytes>>>();
+    send_sync::<Context>();
+    let root = Context::root();
+    let es = engines(2, &root, &EngineConfig::default());
+    let mut buf = [0u8; 4];
+    let fut = es[0].all_reduce(Buffer::InPlace(&mut buf[..]), 1, DType::F32, Reduction::Sum);
+    send(&fut);
+    drop(fut);
+}
