@@ -135,6 +135,13 @@ def rank_main(o):
     store = dist.TCPStore("127.0.0.1", o.store_port, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=o.rank, world_size=o.ranks,
                             timeout=timeout)
+    # Test hook: rank 0 spoils one element of every checked result, so tests can see that
+    # wrong results are counted.
+    corrupt = os.environ.get("CHORUS_PEER_CORRUPT") == "1"
+    # Test hook: a rank that dies after joining, leaving its peers blocked in a collective,
+    # is what the launcher must notice and clean up (benches/tests/peer_run.rs).
+    if os.environ.get("CHORUS_PEER_FAIL_RANK") == str(o.rank):
+        sys.exit(3)
     world = dist.get_world_size()
     factor = 2.0 * (world - 1) / world
     buf = torch.zeros(o.max_bytes // 4, dtype=torch.float32)
@@ -160,6 +167,8 @@ def rank_main(o):
 
         t.copy_(pattern(torch, dist.get_rank(), count))
         dist.all_reduce(t)
+        if corrupt and dist.get_rank() == 0:
+            t[-1] += 1.0
         wrong = torch.tensor([count_wrong(torch, t, world)], dtype=torch.int64)
         dist.all_reduce(wrong)
 

@@ -24,6 +24,9 @@ struct options {
     size_t factor;
     int warmup, iters;
     const char *transport;
+    /* Test hook (CHORUS_PEER_CORRUPT=1): rank 0 spoils one element of every checked result,
+     * so tests can see that wrong results are counted. */
+    int corrupt;
 };
 
 struct measure {
@@ -81,6 +84,8 @@ static void parse_options(int argc, char **argv, int rank, struct options *opt)
     opt->warmup = 5;
     opt->iters = 20;
     opt->transport = "unknown";
+    const char *corrupt = getenv("CHORUS_PEER_CORRUPT");
+    opt->corrupt = corrupt != NULL && strcmp(corrupt, "1") == 0;
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i];
         if (i + 1 >= argc)
@@ -166,6 +171,8 @@ static struct measure run_mode(float *send, float *recv, size_t count, int in_pl
     else
         memset(recv, 0, count * sizeof(float));
     MPI_Allreduce(src, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    if (opt->corrupt && rank == 0)
+        recv[count - 1] += 1.0f;
     long long wrong = count_wrong(recv, count, nranks);
     long long wrong_total = 0;
     MPI_Allreduce(&wrong, &wrong_total, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);

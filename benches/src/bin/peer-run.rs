@@ -26,7 +26,7 @@ use clap::Parser;
     about = "Measure chorus, Gloo and Open MPI all-reduce side by side, with the machine's limits"
 )]
 struct Args {
-    /// A short sweep (×8 size steps, fewer calls, one round) instead of the full one.
+    /// A short sweep (8 B … 16 MiB in ×8 steps, fewer calls) instead of the full one.
     #[arg(long)]
     quick: bool,
     /// Where raw/, report.md, report.json and busbw.png go.
@@ -249,9 +249,8 @@ fn find_tools(args: &Args, versions: &mut Vec<(String, String)>) -> Tools {
                 )
             })
         })
-        .map(|mpi| {
+        .inspect(|mpi| {
             versions.push(("Open MPI".to_owned(), mpi.version.clone()));
-            mpi
         });
     let mpi_program = match (&args.mpi_program, &args.mpi_missing) {
         (_, Some(why)) => Err(why.clone()),
@@ -302,9 +301,7 @@ fn probe(program: &Path, args: &[&str], limit: Duration) -> Result<String, Strin
             program.display(),
             args.first().copied().unwrap_or(""),
             stderr
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .last()
+                .lines().rfind(|l| !l.trim().is_empty())
                 .unwrap_or("no message")
         )),
     }

@@ -288,11 +288,10 @@ mod tests {
     #[test]
     fn wrong_results_replace_the_number() {
         let mut recs = records();
-        if let crate::peer::record::Record::Run(r) = &mut recs[5] {
-            if let RunOutcome::Measured { doc } = &mut r.outcome {
+        if let crate::peer::record::Record::Run(r) = &mut recs[5]
+            && let RunOutcome::Measured { doc } = &mut r.outcome {
                 doc.rows[2].in_place.as_mut().unwrap().wrong = 7;
             }
-        }
         let md = render(&summarize(meta(), &recs));
         assert!(md.contains("WRONG (7 elements)"), "{md}");
     }

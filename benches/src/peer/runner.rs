@@ -40,7 +40,7 @@ impl Plan {
     /// place each round.
     pub fn order(&self, round: u32) -> Vec<(u32, System)> {
         let mut ranks = self.ranks.clone();
-        if round % 2 == 0 {
+        if round.is_multiple_of(2) {
             ranks.reverse();
         }
         let n = self.systems.len().max(1);

@@ -227,7 +227,7 @@ mod tests {
         assert_eq!(
             argv(&cmd),
             "/usr/bin/mpirun -n 4 --oversubscribe --bind-to none --allow-run-as-root --mca pml ob1 \
-             --mca btl tcp,self --mca btl_tcp_if_include lo /out/mpi_allreduce -b 8 -e 128M -f 8 -w 2 -i 5 -t tcp"
+             --mca btl tcp,self --mca btl_tcp_if_include lo /out/mpi_allreduce -b 8 -e 16M -f 8 -w 2 -i 5 -t tcp"
         );
     }
 
@@ -271,7 +271,7 @@ mod tests {
         let line = argv(&t.command(System::ChorusTcp, 4, &Sweep::QUICK, 120).unwrap());
         assert!(
             line.ends_with(
-                " bench all-reduce -n 4 -b 8 -e 128M -f 8 -w 2 -i 5 --transport tcp --json"
+                " bench all-reduce -n 4 -b 8 -e 16M -f 8 -w 2 -i 5 --transport tcp --json"
             ),
             "{line}"
         );
