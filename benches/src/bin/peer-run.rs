@@ -301,7 +301,8 @@ fn probe(program: &Path, args: &[&str], limit: Duration) -> Result<String, Strin
             program.display(),
             args.first().copied().unwrap_or(""),
             stderr
-                .lines().rfind(|l| !l.trim().is_empty())
+                .lines()
+                .rfind(|l| !l.trim().is_empty())
                 .unwrap_or("no message")
         )),
     }

@@ -204,10 +204,10 @@ fn render_world(out: &mut String, w: &World) {
 
 /// A cell's text, or why it has none; wrong results are shown instead of the number.
 fn cell(c: Option<&Cell>, show: impl Fn(&Stat) -> String) -> String {
-    match c.and_then(|c| c.in_place) {
+    match c.and_then(|c| c.in_place.as_ref()) {
         None => "–".to_owned(),
         Some(st) if st.wrong > 0 => format!("WRONG ({} elements)", st.wrong),
-        Some(st) => show(&st),
+        Some(st) => show(st),
     }
 }
 
@@ -289,9 +289,10 @@ mod tests {
     fn wrong_results_replace_the_number() {
         let mut recs = records();
         if let crate::peer::record::Record::Run(r) = &mut recs[5]
-            && let RunOutcome::Measured { doc } = &mut r.outcome {
-                doc.rows[2].in_place.as_mut().unwrap().wrong = 7;
-            }
+            && let RunOutcome::Measured { doc } = &mut r.outcome
+        {
+            doc.rows[2].in_place.as_mut().unwrap().wrong = 7;
+        }
         let md = render(&summarize(meta(), &recs));
         assert!(md.contains("WRONG (7 elements)"), "{md}");
     }

@@ -67,7 +67,8 @@ fn series(w: &World) -> Vec<(System, Vec<(f64, f64)>)> {
                         .iter()
                         .flatten()
                         .find(|c| c.system == system)?
-                        .in_place?;
+                        .in_place
+                        .as_ref()?;
                     (st.wrong == 0 && st.busbw_gbs > 0.0)
                         .then_some((row.size.0 as f64, st.busbw_gbs))
                 })

@@ -85,7 +85,7 @@ pub struct Cell {
 }
 
 /// One mode's figures at one size, over the rounds.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stat {
     /// Median over rounds of the time per call.
     pub time_us: f64,
@@ -96,6 +96,8 @@ pub struct Stat {
     pub spread: f64,
     /// Wrong elements, summed over rounds: anything but 0 disqualifies the numbers.
     pub wrong: u64,
+    /// Every round's time, in the order of the rounds, for other statistics than the median.
+    pub times_us: Vec<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -264,7 +266,7 @@ fn world(ranks: u32, runs: &[&RunRecord]) -> World {
                     Some(Latency {
                         system: c.system,
                         size: row.size,
-                        time_us: c.in_place?.time_us,
+                        time_us: c.in_place.as_ref()?.time_us,
                     })
                 })
                 .collect()
@@ -294,23 +296,25 @@ fn stat(size: Bytes, factor: f64, measures: &[Measure]) -> Option<Stat> {
     let times: Vec<f64> = measures.iter().map(|m| m.time_us).collect();
     let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
     let slowest = times.iter().copied().fold(0.0, f64::max);
-    let time_us = median(times)?;
+    let time_us = median(times.clone())?;
     Some(Stat {
         time_us,
         busbw_gbs: size.0 as f64 / (time_us * 1e-6) / 1e9 * factor,
         rounds: u32::try_from(measures.len()).unwrap_or(u32::MAX),
         spread: slowest / fastest,
         wrong: measures.iter().map(|m| m.wrong).sum(),
+        times_us: measures.iter().map(|m| m.time_us).collect(),
     })
 }
 
 /// A system's in-place figures at one size, if it has some and they were right.
-fn in_place(cells: &[Option<Cell>], system: System) -> Option<Stat> {
+fn in_place(cells: &[Option<Cell>], system: System) -> Option<&Stat> {
     cells
         .iter()
         .flatten()
         .find(|c| c.system == system)?
         .in_place
+        .as_ref()
         .filter(|st| st.wrong == 0)
 }
 
@@ -549,7 +553,7 @@ pub(crate) mod tests {
         let two = &s.worlds[0];
         assert_eq!(two.ranks, 2);
         let row = two.rows.iter().find(|r| r.size == Bytes(64 << 10)).unwrap();
-        let chorus = row.cells[0].as_ref().unwrap().in_place.unwrap();
+        let chorus = row.cells[0].as_ref().unwrap().in_place.clone().unwrap();
         assert_eq!(chorus.time_us, 60.0);
         assert_eq!(chorus.rounds, 2);
         assert!((chorus.spread - 70.0 / 50.0).abs() < 1e-12);

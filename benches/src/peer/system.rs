@@ -256,7 +256,7 @@ mod tests {
         );
         assert_eq!(
             line,
-            "/venv/bin/python benches/peer/gloo_allreduce.py -n 2 -b 8 -e 128M -f 2 -w 5 -i 20 --timeout 290"
+            "/venv/bin/python benches/peer/gloo_allreduce.py -n 2 -b 8 -e 128M -f 4 -w 5 -i 20 --timeout 290"
         );
     }
 
