@@ -179,9 +179,28 @@ fn render_world(out: &mut String, w: &World) {
 
     if let Some(first) = w.latency.first() {
         let _ = writeln!(out, "### {} latency\n", first.size);
-        let _ = writeln!(out, "| system | µs per call |\n|---|---:|");
+        let chorus = w.latency.iter().find(|l| l.system == System::ChorusTcp);
+        match chorus {
+            Some(_) => {
+                let _ = writeln!(
+                    out,
+                    "| system | µs per call | fastest round | its time ÷ chorus's |\n|---|---:|---:|---:|"
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "| system | µs per call | fastest round |\n|---|---:|---:|"
+                );
+            }
+        }
         for l in &w.latency {
-            let _ = writeln!(out, "| {} | {} |", l.system.label(), time(l.time_us));
+            let (median, fastest) = (time(l.time_us), time(l.fastest_us));
+            let _ = write!(out, "| {} | {median} | {fastest} |", l.system.label());
+            if let Some(c) = chorus {
+                let _ = write!(out, " {:.2}× |", l.time_us / c.time_us);
+            }
+            out.push('\n');
         }
         let _ = writeln!(out);
     }
@@ -250,7 +269,14 @@ mod tests {
             md.contains("- NOT met: bus bandwidth ≥ Open MPI (tcp) at every size from 64 KiB"),
             "{md}"
         );
-        assert!(md.contains("| chorus (tcp) | 11.0 |"), "{md}");
+        assert!(
+            md.contains("| chorus (tcp) | 11.0 | 10.0 | 1.00× |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| Open MPI (tcp) | 20.0 | 20.0 | 1.82× |"),
+            "{md}"
+        );
         assert!(
             md.contains("- **chorus (tcp): not measured** — printed nothing on stdout"),
             "{md}"
@@ -279,6 +305,10 @@ mod tests {
         );
         assert!(!md.contains("chorus ÷"), "{md}");
         assert!(!md.contains("Targets"), "{md}");
+        assert!(
+            md.contains("| system | µs per call | fastest round |\n"),
+            "{md}"
+        );
         assert!(
             md.contains("**chorus (tcp): not measured** — target/release/chorus not found"),
             "{md}"

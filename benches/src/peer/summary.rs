@@ -110,7 +110,10 @@ pub struct Ratio {
 pub struct Latency {
     pub system: System,
     pub size: Bytes,
+    /// Median over rounds.
     pub time_us: f64,
+    /// The fastest round: what the system does when the machine leaves it alone.
+    pub fastest_us: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -267,6 +270,13 @@ fn world(ranks: u32, runs: &[&RunRecord]) -> World {
                         system: c.system,
                         size: row.size,
                         time_us: c.in_place.as_ref()?.time_us,
+                        fastest_us: c
+                            .in_place
+                            .as_ref()?
+                            .times_us
+                            .iter()
+                            .copied()
+                            .fold(f64::INFINITY, f64::min),
                     })
                 })
                 .collect()
