@@ -98,6 +98,62 @@ fn a_fake_peer_document_becomes_the_three_report_files() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// The doc a fake prints: in-place times at 8 B and 64 KiB, for `ranks` taken from `$arg`.
+fn doc_script(arg: &str, small_us: f64, large_us: f64) -> String {
+    format!(
+        r#"printf '{{"chorus_bench":1,"collective":"all-reduce","ranks":%s,"transport":"tcp","dtype":"float","op":"sum","warmup":2,"iters":5,"rows":[{{"size":8,"count":2,"type":"float","redop":"sum","root":-1,"out_of_place":null,"in_place":{{"time_us":{small_us},"algbw_gbs":0,"busbw_gbs":0,"wrong":0}}}},{{"size":65536,"count":16384,"type":"float","redop":"sum","root":-1,"out_of_place":null,"in_place":{{"time_us":{large_us},"algbw_gbs":0,"busbw_gbs":0,"wrong":0}}}}],"avg_busbw_gbs":0}}\n' "{arg}""#
+    )
+}
+
+#[test]
+fn a_chorus_document_adds_its_column_ratios_and_targets() {
+    let dir = temp_dir("chorus");
+    let mpirun = fake_mpirun(&dir, &doc_script("$2", 7.5, 50.0));
+    // A stand-in for `chorus bench`: records its arguments, prints a document for -n ($4).
+    let chorus = dir.join("no-chorus");
+    let args_file = dir.join("chorus.args");
+    let body = format!(
+        "echo \"$@\" > {}\n{}",
+        args_file.display(),
+        doc_script("$4", 5.0, 60.0)
+    );
+    fs::write(&chorus, format!("#!/bin/sh\n{body}\n")).unwrap();
+    let mut perms = fs::metadata(&chorus).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    fs::set_permissions(&chorus, perms).unwrap();
+
+    let out = peer_run(&dir, &mpirun).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        fs::read_to_string(&args_file).unwrap().trim(),
+        "bench all-reduce -n 2 -b 8 -e 64K -f 8 -w 5 -i 20 --transport tcp --json"
+    );
+    let md = fs::read_to_string(dir.join("out/report.md")).unwrap();
+    assert!(
+        md.contains("| size | chorus (tcp) | Open MPI (tcp) | chorus ÷ Open MPI (tcp) |"),
+        "{md}"
+    );
+    assert!(md.contains("| 64 KiB | 1.092 | 1.311 | 0.83× |"), "{md}");
+    assert!(
+        md.contains("| Open MPI (tcp) | 7.5 | 7.5 | 1.50× |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("- NOT met: bus bandwidth ≥ Open MPI (tcp) at every size from 64 KiB"),
+        "{md}"
+    );
+    assert!(
+        md.contains("- met: 8 B latency ≤ Open MPI (tcp) — 5.0 µs vs 7.5 µs"),
+        "{md}"
+    );
+    assert!(!md.contains("not measured"), "{md}");
+    let _ = fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn sigint_stops_the_run_kills_the_running_sweep_and_still_writes_the_report() {
     let dir = temp_dir("sigint");

@@ -187,6 +187,7 @@ fn run(args: Args) -> Result<ExitCode, PeerError> {
         iters: sweep.iters(),
         rounds: plan.rounds,
         ranks: plan.ranks.clone(),
+        systems: plan.systems.clone(),
         cpu: cpu_model(),
         cores: std::thread::available_parallelism()
             .map(|n| n.get())

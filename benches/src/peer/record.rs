@@ -28,11 +28,18 @@ pub struct Meta {
     pub iters: u32,
     pub rounds: u32,
     pub ranks: Vec<u32>,
+    /// The systems the run was asked to measure.
+    #[serde(default = "all_systems")]
+    pub systems: Vec<System>,
     pub cpu: String,
     pub cores: usize,
     pub kernel: String,
     /// Open MPI's version, torch's, chorus's git revision: whatever could be read.
     pub versions: Vec<(String, String)>,
+}
+
+fn all_systems() -> Vec<System> {
+    System::ALL.to_vec()
 }
 
 /// One line of `records.jsonl`.
@@ -198,6 +205,7 @@ pub(crate) mod tests {
             iters: 5,
             rounds: 2,
             ranks: vec![2, 4],
+            systems: System::ALL.to_vec(),
             cpu: "AMD EPYC".to_owned(),
             cores: 2,
             kernel: "6.1".to_owned(),

@@ -49,7 +49,7 @@ pub struct World {
     pub ranks: u32,
     /// nccl-tests' all-reduce bus bandwidth factor, 2(n−1)/n.
     pub busbw_factor: f64,
-    /// One per [`System::ALL`], in that order.
+    /// One per system the run was asked for, in [`System::ALL`]'s order.
     pub systems: Vec<SystemStatus>,
     pub rows: Vec<SizeRow>,
     /// Each measured system's time at the smallest size (8 B in both presets).
@@ -148,7 +148,10 @@ pub fn summarize(meta: Meta, records: &[Record]) -> Summary {
     ranks.dedup();
     Summary {
         limits: limits(records),
-        worlds: ranks.into_iter().map(|n| world(n, &runs)).collect(),
+        worlds: ranks
+            .into_iter()
+            .map(|n| world(n, &runs, &meta.systems))
+            .collect(),
         failures: failures(records),
         meta,
     }
@@ -189,12 +192,17 @@ fn limits(records: &[Record]) -> Limits {
     }
 }
 
-fn world(ranks: u32, runs: &[&RunRecord]) -> World {
+fn world(ranks: u32, runs: &[&RunRecord], asked: &[System]) -> World {
     let factor = busbw_factor(ranks);
     let mut systems = Vec::new();
     // (system, size) -> per-round measures of each mode.
     let mut samples: BTreeMap<(System, Bytes), (Vec<Measure>, Vec<Measure>)> = BTreeMap::new();
-    for system in System::ALL {
+    // Systems the run was not asked for get no status line; any that have records anyway
+    // (a hand-merged raw folder) still count.
+    let wanted = System::ALL
+        .into_iter()
+        .filter(|s| asked.contains(s) || runs.iter().any(|r| r.system == *s));
+    for system in wanted {
         let mine: Vec<&&RunRecord> = runs
             .iter()
             .filter(|r| r.ranks == ranks && r.system == system)
@@ -643,6 +651,19 @@ pub(crate) mod tests {
             100.0
         );
         assert_eq!(lat.len(), 4);
+    }
+
+    #[test]
+    fn systems_left_out_of_the_run_are_not_reported_missing() {
+        let mut m = meta();
+        m.systems = vec![System::ChorusTcp, System::GlooTcp];
+        let recs: Vec<Record> = records()
+            .into_iter()
+            .filter(|r| matches!(r, Record::Run(x) if m.systems.contains(&x.system)))
+            .collect();
+        let s = summarize(m, &recs);
+        let four: Vec<System> = s.worlds[1].systems.iter().map(|x| x.system).collect();
+        assert_eq!(four, vec![System::ChorusTcp, System::GlooTcp]);
     }
 
     #[test]
