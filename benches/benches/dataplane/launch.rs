@@ -10,8 +10,11 @@ use std::time::{Duration, Instant};
 
 use crate::SECRET_ENV;
 
+/// A command line to run rank 0 under (a profiler), for tuning runs.
+const WRAP_ENV: &str = "CHORUS_DATAPLANE_RANK0_WRAP";
+
 /// How long the ranks get to report their listening ports.
-const RENDEZVOUS: Duration = Duration::from_secs(30);
+const RENDEZVOUS: Duration = Duration::from_secs(60);
 
 /// Runs the ranks (`rank_args(r)` is rank r's command line after the program) and returns
 /// the exit code for this process: 0 when every rank exited 0.
@@ -29,7 +32,20 @@ pub(crate) fn run(
     let mut stdins: Vec<ChildStdin> = Vec::new();
     let mut readers = Vec::new();
     for r in 0..world {
-        let mut child = Command::new(&exe)
+        // A profiler for rank 0 (e.g. `valgrind --tool=callgrind`), for tuning runs.
+        let wrap: Vec<String> = match std::env::var(WRAP_ENV) {
+            Ok(w) if r == 0 => w.split_whitespace().map(str::to_owned).collect(),
+            _ => Vec::new(),
+        };
+        let mut cmd = match wrap.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let mut child = cmd
             .args(rank_args(r))
             .env(SECRET_ENV, &hex)
             .stdin(Stdio::piped())

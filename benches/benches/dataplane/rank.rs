@@ -25,6 +25,12 @@ use chorus_transport::{
 
 use crate::{LinkKind, SECRET_ENV};
 
+/// Set (to anything) to have rank 0 print each size's per-call percentiles on stderr.
+const SAMPLES_ENV: &str = "CHORUS_DATAPLANE_SAMPLES";
+
+/// Overrides `TransportConfig::recv_spin`, in µs (tuning runs).
+const SPIN_ENV: &str = "CHORUS_DATAPLANE_SPIN_US";
+
 /// How long building the mesh may take (every connect and handshake).
 const MESH_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -44,10 +50,13 @@ pub(crate) fn run(plan: &RankPlan) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
-    let cfg = TransportConfig {
+    let mut cfg = TransportConfig {
         backend: plan.backend,
         ..TransportConfig::default()
     };
+    if let Some(us) = std::env::var(SPIN_ENV).ok().and_then(|v| v.parse().ok()) {
+        cfg.recv_spin = Duration::from_micros(us);
+    }
     let transport = TcpTransport::new(cfg, secret).map_err(|e| format!("transport: {e}"))?;
     let want = match plan.backend {
         Backend::Uring => Some(BackendKind::Uring),
@@ -260,11 +269,30 @@ where
         all_reduce(e, src(send, in_place), recv, count)?;
     }
     barrier(e)?;
+    let samples = std::env::var_os(SAMPLES_ENV).is_some();
+    let mut each = Vec::new();
     let start = Instant::now();
     for _ in 0..plan.sweep.iters() {
+        let t = samples.then(Instant::now);
         all_reduce(e, src(send, in_place), recv, count)?;
+        if let Some(t) = t {
+            each.push(t.elapsed().as_secs_f64() * 1e6);
+        }
     }
     let per_call = start.elapsed().as_secs_f64() / f64::from(plan.sweep.iters());
+    if samples && rank == 0 {
+        each.sort_by(f64::total_cmp);
+        let at = |q: f64| each[((each.len() - 1) as f64 * q) as usize];
+        eprintln!(
+            "rank 0 {bytes:>10} B {}: min {:.1} p10 {:.1} p50 {:.1} p90 {:.1} mean {:.1} µs",
+            if in_place { "in-place" } else { "out-of-place" },
+            at(0.0),
+            at(0.1),
+            at(0.5),
+            at(0.9),
+            per_call * 1e6
+        );
+    }
     let mean = sum_f64(e, per_call)? / f64::from(n);
 
     if in_place {

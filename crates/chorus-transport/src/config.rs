@@ -84,6 +84,13 @@ pub struct TransportConfig {
     /// receive that arrives within the window, at the cost of a busy core while it lasts;
     /// zero never spins.
     pub busy_poll: Duration,
+    /// How long a TCP `recv` that finds nothing held reads the socket itself (non-blocking,
+    /// yielding the core between tries) before it parks and leaves the socket to the
+    /// progress thread. A message that lands within the window reaches the caller with no
+    /// thread hop, which is most of a small message's latency; the cost is a caller that
+    /// polls for up to this long, and an operation whose abort is noticed up to this much
+    /// later. Zero parks at once.
+    pub recv_spin: Duration,
 }
 
 impl Default for TransportConfig {
@@ -103,6 +110,7 @@ impl Default for TransportConfig {
             uring_slots: 64,
             uring_entries: 256,
             busy_poll: Duration::ZERO,
+            recv_spin: Duration::from_micros(50),
         }
     }
 }

@@ -1,13 +1,14 @@
 //! The epoll backend: a reader task and a writer task per connection on the progress
 //! thread's tokio runtime. Same semantics as the io_uring backend; the shared test suite
-//! runs against both.
+//! runs against both. The reader task watches the socket all the time (tokio's
+//! registration is edge-triggered and permanent) and reads through the link's shared
+//! [`Reader`], taking turns with callers that read for themselves.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chorus_protocol::{Decoder, Envelope};
 use parking_lot::Mutex;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -15,8 +16,9 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::reader::{Pumped, Reader};
 use super::socket;
-use crate::inbound::{self, Flow};
+use crate::inbound;
 use crate::matcher::Matcher;
 use crate::outbound::{self, Next, OutFrame, Outbound};
 
@@ -30,22 +32,20 @@ pub(crate) struct EpollConn {
 impl EpollConn {
     pub(crate) fn start(
         handle: &Handle,
-        stream: TcpStream,
-        decoder: Decoder,
-        matcher: Arc<Matcher>,
+        stream: Arc<TcpStream>,
+        reader: Arc<Reader>,
         outbound: Arc<Mutex<Outbound>>,
-        peer: Envelope,
         depart_timeout: Duration,
     ) -> Self {
-        let stream = Arc::new(stream);
         let wake = Arc::new(Notify::new());
+        let matcher = reader.matcher().clone();
+        // Always watching: a `recv` never needs to ask.
+        reader.set_watching(true);
         handle.spawn(read_loop(
             stream.clone(),
-            decoder,
-            matcher.clone(),
+            reader,
             outbound.clone(),
             wake.clone(),
-            peer,
         ));
         handle.spawn(write_loop(
             stream.clone(),
@@ -82,43 +82,33 @@ fn close(
 
 async fn read_loop(
     stream: Arc<TcpStream>,
-    mut decoder: Decoder,
-    matcher: Arc<Matcher>,
+    reader: Arc<Reader>,
     outbound: Arc<Mutex<Outbound>>,
     wake: Arc<Notify>,
-    peer: Envelope,
 ) {
+    let matcher = reader.matcher().clone();
+    // Bytes read past the handshake may already hold whole frames.
+    let mut pumped = reader.decode_buffered();
     loop {
-        loop {
-            let flow = match decoder.next() {
-                Ok(Some(frame)) => inbound::on_frame(&matcher, &peer, frame),
-                Ok(None) => break,
-                Err(e) => inbound::on_decode_error(&matcher, &e),
-            };
-            if let Flow::Close(depart) = flow {
-                close(&outbound, &matcher, &wake, depart);
-                return;
-            }
+        if let Pumped::Close(depart) = pumped {
+            close(&outbound, &matcher, &wake, depart);
+            return;
         }
-        let read = loop {
-            if let Err(e) = stream.readable().await {
-                break Err(e);
-            }
-            // Straight into the decoder's buffer, which has room for the whole frame in
-            // progress: a chunk's payload is never copied on the way in.
-            match stream.try_read_buf(decoder.recv_buf()) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                other => break other,
-            }
+        if let Err(e) = stream.readable().await {
+            inbound::on_lost(&matcher, format!("read: {e}"));
+            close(&outbound, &matcher, &wake, None);
+            return;
+        }
+        // `try_io` clears tokio's readiness only when the pass ends in `WouldBlock`, and
+        // never a readiness a newer event set, so bytes that arrive after a caller's pass
+        // still wake this task.
+        pumped = match stream.try_io(Interest::READABLE, || match reader.pump() {
+            Pumped::Drained | Pumped::Busy => Err(io::ErrorKind::WouldBlock.into()),
+            closed => Ok(closed),
+        }) {
+            Ok(closed) => closed,
+            Err(_) => Pumped::Drained,
         };
-        let detail = match read {
-            Ok(0) => "peer closed the connection without a departure".to_string(),
-            Ok(_) => continue,
-            Err(e) => format!("read: {e}"),
-        };
-        inbound::on_lost(&matcher, detail);
-        close(&outbound, &matcher, &wake, None);
-        return;
     }
 }
 

@@ -1,0 +1,170 @@
+//! The receiving half of one TCP link's byte stream, shared by the link's callers and the
+//! backend's progress thread.
+//!
+//! Whoever reads the socket does so under this lock: a non-blocking `recv` straight into the
+//! protocol decoder's buffer (a chunk's payload is never copied on the way in), then every
+//! whole frame goes to the matcher. The lock is what keeps the stream in order when two
+//! threads take turns reading it.
+//!
+//! A `recv` that finds nothing held reads the socket itself for a short while before it
+//! parks (see `link.rs`), so a message that arrives within that window goes from the kernel
+//! to the waiting caller with no thread hop. Only a caller about to park asks the progress
+//! thread to watch the socket ([`Reader::wants_watch`]), and the io_uring ring stops
+//! watching once nobody waits; so while callers keep up, incoming messages do not wake the
+//! progress thread at all.
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use chorus_protocol::message::Depart;
+use chorus_protocol::{Decoder, Envelope};
+use parking_lot::Mutex;
+
+use super::socket;
+use crate::inbound::{self, Flow};
+use crate::matcher::Matcher;
+
+/// The socket, whoever owns the descriptor (the ring's `OwnedFd`, tokio's `TcpStream`).
+pub(crate) type Socket = Arc<dyn AsFd + Send + Sync>;
+
+/// The reading state of one link.
+pub(crate) struct Reader {
+    fd: Socket,
+    matcher: Arc<Matcher>,
+    /// The peer's envelope: the epoch its frames must carry.
+    peer: Envelope,
+    state: Mutex<ReadState>,
+    /// The progress thread has a readiness watch on the socket (io_uring: a poll in flight).
+    watching: AtomicBool,
+}
+
+impl fmt::Debug for Reader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reader")
+            .field("fd", &self.fd.as_fd().as_raw_fd())
+            .field("peer", &self.peer)
+            .field("watching", &self.watching)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct ReadState {
+    decoder: Decoder,
+    /// The stream ended or was refused: nobody reads it again.
+    done: bool,
+}
+
+/// What a pass over the socket found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Pumped {
+    /// Everything the socket had is decoded; the stream goes on.
+    Drained,
+    /// Another thread is reading right now (only from [`Reader::try_pump`]).
+    Busy,
+    /// The stream is over (already, or by what this pass read): the caller requests the
+    /// link's close with this departure, if any (a second request is a no-op).
+    Close(Option<Depart>),
+}
+
+impl Reader {
+    pub(crate) fn new(fd: Socket, decoder: Decoder, matcher: Arc<Matcher>, peer: Envelope) -> Self {
+        Reader {
+            fd,
+            matcher,
+            peer,
+            state: Mutex::new(ReadState {
+                decoder,
+                done: false,
+            }),
+            watching: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn matcher(&self) -> &Arc<Matcher> {
+        &self.matcher
+    }
+
+    /// Reads and decodes whatever the socket holds, waiting for another reader to finish.
+    pub(crate) fn pump(&self) -> Pumped {
+        let mut st = self.state.lock();
+        self.drain(&mut st)
+    }
+
+    /// Like [`Reader::pump`], but returns `Busy` at once if another thread is reading (it
+    /// will hand over whatever it finds).
+    pub(crate) fn try_pump(&self) -> Pumped {
+        match self.state.try_lock() {
+            Some(mut st) => self.drain(&mut st),
+            None => Pumped::Busy,
+        }
+    }
+
+    /// Decodes frames already buffered (bytes read past the handshake), without reading.
+    pub(crate) fn decode_buffered(&self) -> Pumped {
+        let mut st = self.state.lock();
+        if st.done {
+            return Pumped::Close(None);
+        }
+        match self.decode(&mut st.decoder) {
+            Flow::Continue => Pumped::Drained,
+            Flow::Close(depart) => {
+                st.done = true;
+                Pumped::Close(depart)
+            }
+        }
+    }
+
+    fn drain(&self, st: &mut ReadState) -> Pumped {
+        if st.done {
+            return Pumped::Close(None);
+        }
+        loop {
+            let read = socket::recv_into(self.fd.as_fd(), st.decoder.recv_buf());
+            let detail = match read {
+                Ok(0) => "peer closed the connection without a departure".to_string(),
+                Ok(_) => {
+                    if let Flow::Close(depart) = self.decode(&mut st.decoder) {
+                        st.done = true;
+                        return Pumped::Close(depart);
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Pumped::Drained,
+                Err(e) => format!("recv: {e}"),
+            };
+            inbound::on_lost(&self.matcher, detail);
+            st.done = true;
+            return Pumped::Close(None);
+        }
+    }
+
+    /// Hands every whole buffered frame to the matcher.
+    fn decode(&self, decoder: &mut Decoder) -> Flow {
+        loop {
+            let flow = match decoder.next() {
+                Ok(Some(frame)) => inbound::on_frame(&self.matcher, &self.peer, frame),
+                Ok(None) => return Flow::Continue,
+                Err(e) => inbound::on_decode_error(&self.matcher, &e),
+            };
+            if let Flow::Close(_) = flow {
+                return flow;
+            }
+        }
+    }
+
+    /// A caller about to park: true if the progress thread is not watching the socket and
+    /// must be asked to. Call after registering the waiter, so that a progress thread that
+    /// just stopped watching either saw the waiter or is seen here not watching.
+    pub(crate) fn wants_watch(&self) -> bool {
+        !self.watching.load(Ordering::SeqCst)
+    }
+
+    /// The progress thread records whether it watches the socket.
+    pub(crate) fn set_watching(&self, on: bool) {
+        self.watching.store(on, Ordering::SeqCst);
+    }
+}
