@@ -1,17 +1,23 @@
 //! The epoll backend: a reader task and a writer task per connection on the progress
 //! thread's tokio runtime. Same semantics as the io_uring backend; the shared test suite
-//! runs against both. The reader task watches the socket all the time (tokio's
-//! registration is edge-triggered and permanent) and reads through the link's shared
-//! [`Reader`], taking turns with callers that read for themselves.
+//! runs against both.
+//!
+//! The socket is registered with tokio's epoll for output only, so arriving data never
+//! wakes the progress thread by itself. A `recv` reads the socket on its own thread before
+//! it parks (see `reader.rs`); only a `recv` about to park asks the reader task to watch for
+//! input, which it does through a duplicate descriptor registered for input (epoll reports
+//! data already there at registration, so nothing is missed) and drops again once nobody
+//! waits: the io_uring ring's one-shot poll, in epoll terms.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::io::Interest;
-use tokio::net::TcpStream;
+use tokio::io::unix::AsyncFd;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -25,36 +31,64 @@ use crate::outbound::{self, Next, OutFrame, Outbound};
 /// The link's handle on its connection's tasks.
 #[derive(Debug)]
 pub(crate) struct EpollConn {
-    stream: Arc<TcpStream>,
+    fd: Arc<OwnedFd>,
     wake: Arc<Notify>,
+    watch: Arc<Watch>,
+}
+
+/// Between callers and the reader task: requests to watch for input, and the end.
+#[derive(Debug, Default)]
+struct Watch {
+    asked: Notify,
+    /// One-way: the connection is shut; the reader task ends.
+    ended: AtomicBool,
+}
+
+impl Watch {
+    fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        self.asked.notify_one();
+    }
+
+    fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
 }
 
 impl EpollConn {
+    /// Starts the connection's tasks; call inside the progress runtime (`Handle::enter`).
     pub(crate) fn start(
         handle: &Handle,
-        stream: Arc<TcpStream>,
+        fd: Arc<OwnedFd>,
         reader: Arc<Reader>,
         outbound: Arc<Mutex<Outbound>>,
         depart_timeout: Duration,
-    ) -> Self {
+    ) -> io::Result<Self> {
         let wake = Arc::new(Notify::new());
+        let watch = Arc::new(Watch::default());
         let matcher = reader.matcher().clone();
-        // Always watching: a `recv` never needs to ask.
+        // SAFETY: the `Arc<OwnedFd>` keeps the descriptor open, and it names the same socket,
+        // for as long as the `AsyncFd` (the writer task) holds it.
+        let out = unsafe { AsyncFd::register_with_interest(fd.clone(), Interest::WRITABLE) }?;
+        let input = fd.try_clone()?;
+        // Watch until the first reading, so an early departure is seen.
         reader.set_watching(true);
         handle.spawn(read_loop(
-            stream.clone(),
+            input,
             reader,
             outbound.clone(),
             wake.clone(),
+            watch.clone(),
         ));
         handle.spawn(write_loop(
-            stream.clone(),
+            out,
             outbound,
             wake.clone(),
+            watch.clone(),
             matcher,
             depart_timeout,
         ));
-        Self { stream, wake }
+        Ok(Self { fd, wake, watch })
     }
 
     /// Wakes the writer (frames queued or a close requested). `notify_one` stores a permit
@@ -63,8 +97,14 @@ impl EpollConn {
         self.wake.notify_one();
     }
 
+    /// Asks the reader task to watch for input, for a `recv` about to park (a stored
+    /// permit if the task is busy, so no request is lost).
+    pub(crate) fn watch(&self) {
+        self.watch.asked.notify_one();
+    }
+
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
-        self.stream.as_fd()
+        self.fd.as_fd()
     }
 }
 
@@ -80,42 +120,105 @@ fn close(
     }
 }
 
+/// Watches for input while some `recv` waits (and once at the start), reading through the
+/// shared [`Reader`]; between watches the input descriptor is not registered at all.
 async fn read_loop(
-    stream: Arc<TcpStream>,
+    input: OwnedFd,
     reader: Arc<Reader>,
     outbound: Arc<Mutex<Outbound>>,
     wake: Arc<Notify>,
+    watch: Arc<Watch>,
 ) {
     let matcher = reader.matcher().clone();
     // Bytes read past the handshake may already hold whole frames.
-    let mut pumped = reader.decode_buffered();
+    if let Pumped::Close(depart) = reader.decode_buffered() {
+        close(&outbound, &matcher, &wake, depart);
+        return;
+    }
+    let mut input = Some(input);
+    let mut first = true;
+    while !watch.is_ended() {
+        if !first {
+            watch.asked.notified().await;
+            if watch.is_ended() {
+                return;
+            }
+        }
+        first = false;
+        let Some(fd) = input.take() else { return };
+        // SAFETY: the `AsyncFd` owns the `OwnedFd`, which stays open and names the same
+        // socket until `into_inner` hands it back (or the `AsyncFd` is dropped).
+        let registered = match unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) } {
+            Ok(r) => r,
+            Err(e) => {
+                let e = io::Error::from(e);
+                inbound::on_lost(&matcher, format!("watch input: {e}"));
+                close(&outbound, &matcher, &wake, None);
+                return;
+            }
+        };
+        reader.set_watching(true);
+        let pumped = watch_input(&registered, &reader, &watch).await;
+        reader.set_watching(false);
+        // Deregisters; the descriptor is kept for the next watch.
+        input = Some(registered.into_inner());
+        match pumped {
+            Ok(Pumped::Close(depart)) => {
+                close(&outbound, &matcher, &wake, depart);
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                inbound::on_lost(&matcher, format!("read: {e}"));
+                close(&outbound, &matcher, &wake, None);
+                return;
+            }
+        }
+    }
+}
+
+/// Reads whenever input is ready until nobody waits any more (`Drained`), the stream ends
+/// (`Close`) or the connection is shut.
+async fn watch_input(
+    registered: &AsyncFd<OwnedFd>,
+    reader: &Reader,
+    watch: &Watch,
+) -> io::Result<Pumped> {
     loop {
-        if let Pumped::Close(depart) = pumped {
-            close(&outbound, &matcher, &wake, depart);
-            return;
-        }
-        if let Err(e) = stream.readable().await {
-            inbound::on_lost(&matcher, format!("read: {e}"));
-            close(&outbound, &matcher, &wake, None);
-            return;
-        }
+        let mut ready = tokio::select! {
+            r = registered.readable() => r?,
+            () = watch.asked.notified() => {
+                // A request while watching is already served; an end request ends this.
+                if watch.is_ended() {
+                    return Ok(Pumped::Drained);
+                }
+                continue;
+            }
+        };
+        // Stop watching before looking for waiters, so that a `recv` registering now
+        // either is seen below or sees that it must ask again (see `Reader::wants_watch`).
+        reader.set_watching(false);
         // `try_io` clears tokio's readiness only when the pass ends in `WouldBlock`, and
-        // never a readiness a newer event set, so bytes that arrive after a caller's pass
-        // still wake this task.
-        pumped = match stream.try_io(Interest::READABLE, || match reader.pump() {
+        // never a readiness a newer event set.
+        let pumped = ready.try_io(|_| match reader.pump() {
             Pumped::Drained | Pumped::Busy => Err(io::ErrorKind::WouldBlock.into()),
             closed => Ok(closed),
-        }) {
-            Ok(closed) => closed,
-            Err(_) => Pumped::Drained,
-        };
+        });
+        if let Ok(Ok(closed)) = pumped {
+            return Ok(closed);
+        }
+        if !reader.matcher().has_waiters() {
+            return Ok(Pumped::Drained);
+        }
+        reader.set_watching(true);
     }
 }
 
 async fn write_loop(
-    stream: Arc<TcpStream>,
+    stream: AsyncFd<Arc<OwnedFd>>,
     outbound: Arc<Mutex<Outbound>>,
     wake: Arc<Notify>,
+    watch: Arc<Watch>,
     matcher: Arc<Matcher>,
     depart_timeout: Duration,
 ) {
@@ -167,7 +270,9 @@ async fn write_loop(
         .await;
     }
     // Principle 1: shutdown before close, so a forked duplicate cannot hide the close.
-    socket::shutdown_of(&*stream);
+    socket::shutdown_of(stream.get_ref());
+    // The reader task holds a duplicate descriptor; it ends now too.
+    watch.end();
 }
 
 enum Stop {
@@ -179,7 +284,7 @@ enum Stop {
 /// Writes the rest of `frame`. Once a close is requested, the frame gets the departure
 /// budget to finish (so the departure can start on a boundary) and no more.
 async fn write_frame(
-    stream: &TcpStream,
+    stream: &AsyncFd<Arc<OwnedFd>>,
     frame: &mut OutFrame,
     outbound: &Mutex<Outbound>,
     wake: &Notify,
@@ -207,11 +312,11 @@ async fn write_frame(
 }
 
 /// One `sendmsg` of what is left of `frame` once the socket is writable.
-async fn write_some(stream: &TcpStream, frame: &OutFrame) -> io::Result<usize> {
+async fn write_some(stream: &AsyncFd<Arc<OwnedFd>>, frame: &OutFrame) -> io::Result<usize> {
     let (head, payload) = frame.rest();
     stream
-        .async_io(Interest::WRITABLE, || {
-            socket::send_vectored(stream.as_fd(), head, payload)
+        .async_io(Interest::WRITABLE, |fd| {
+            socket::send_vectored(fd.as_fd(), head, payload)
         })
         .await
 }

@@ -76,8 +76,7 @@ impl Io {
     /// Asks the progress thread to watch the socket for a `recv` about to park.
     fn watch(&self) {
         match self {
-            // The epoll reader task watches all the time.
-            Io::Epoll(_) => {}
+            Io::Epoll(c) => c.watch(),
             Io::Uring(c) => c.watch(),
         }
     }

@@ -311,15 +311,19 @@ impl TcpConnection {
             }
             None => {
                 let _guard = inner.progress.handle().enter();
-                let stream = Arc::new(stream);
-                let reader = Arc::new(Reader::new(stream.clone(), decoder, matcher.clone(), peer));
+                let std = stream
+                    .into_std()
+                    .map_err(TransportError::io("detach socket from tokio"))?;
+                let fd = Arc::new(OwnedFd::from(std));
+                let reader = Arc::new(Reader::new(fd.clone(), decoder, matcher.clone(), peer));
                 let conn = epoll::EpollConn::start(
                     inner.progress.handle(),
-                    stream,
+                    fd,
                     reader.clone(),
                     outbound.clone(),
                     cfg.depart_timeout,
-                );
+                )
+                .map_err(TransportError::io("register socket with epoll"))?;
                 (link::Io::Epoll(conn), reader)
             }
         };
