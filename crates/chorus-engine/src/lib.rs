@@ -25,6 +25,7 @@ pub mod engine;
 pub mod error;
 pub mod fp8;
 pub mod host;
+mod idmap;
 mod kernel;
 pub mod link;
 pub mod local;

@@ -7,6 +7,7 @@
 //! fails, so `cancel` reaches every pending operation at once.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use chorus_engine::link::{LinkError, Tag};
@@ -27,6 +28,8 @@ pub(crate) struct Matcher {
     held_limit: u64,
     window: Semaphore,
     window_bytes: u32,
+    /// Sends waiting in the window's queue.
+    queued: AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -111,6 +114,15 @@ struct Waiter {
     tx: oneshot::Sender<Result<Bytes, LinkError>>,
 }
 
+/// Counts a send waiting in the window's queue for as long as it waits (or is dropped).
+struct Queued<'a>(&'a AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Credit for bytes handed to the wire, returned with [`Matcher::release`] once written.
 #[derive(Debug)]
 #[must_use]
@@ -124,6 +136,7 @@ impl Matcher {
             held_limit,
             window: Semaphore::new(window_bytes as usize),
             window_bytes,
+            queued: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
         }
     }
@@ -263,7 +276,20 @@ impl Matcher {
         let n = u32::try_from(len)
             .unwrap_or(u32::MAX)
             .min(self.window_bytes);
-        match self.window.acquire_many(n).await {
+        // The window is rarely full: take the permits without building a waiting future,
+        // unless someone queued before us (the semaphore's queue is first come, first
+        // served, and so must the stream be).
+        if self.queued.load(Ordering::SeqCst) == 0
+            && let Ok(permit) = self.window.try_acquire_many(n)
+        {
+            permit.forget();
+            return Ok(Credit(n));
+        }
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        let acquired = Queued(&self.queued);
+        let result = self.window.acquire_many(n).await;
+        drop(acquired);
+        match result {
             Ok(permit) => {
                 permit.forget();
                 Ok(Credit(n))

@@ -46,8 +46,10 @@ pub struct TcpLink {
     /// The peer's envelope (communicator, epoch, rank) as the handshake established it.
     pub(super) peer: Envelope,
     pub(super) io: Io,
-    /// How long a `recv` reads the socket itself before it parks.
+    /// How long a `recv` reads the socket itself before it parks: spinning, then asleep
+    /// in the kernel on the socket.
     pub(super) recv_spin: Duration,
+    pub(super) recv_block: Duration,
 }
 
 #[derive(Debug)]
@@ -147,12 +149,14 @@ impl TcpLink {
     }
 
     /// Reads the socket on this thread until `tag`'s payload (or the link's failure) is
-    /// here or `recv_spin` has passed; `None` then.
+    /// here, spinning for `recv_spin`, then sleeping in `ppoll` for up to `recv_block`;
+    /// `None` once both have passed.
     fn spin(&self, tag: &Tag) -> Option<Result<Bytes, LinkError>> {
         if let Some(result) = self.matcher.take(tag) {
             return Some(result);
         }
-        if self.recv_spin.is_zero() {
+        let budget = self.recv_spin + self.recv_block;
+        if budget.is_zero() {
             return None;
         }
         let start = Instant::now();
@@ -161,12 +165,17 @@ impl TcpLink {
             if let Some(result) = self.matcher.take(tag) {
                 return Some(result);
             }
-            if start.elapsed() >= self.recv_spin {
+            let spent = start.elapsed();
+            if spent >= budget {
                 return None;
             }
-            // On a machine with more runnable threads than cores, the peer that is to send
-            // may be waiting for this core.
-            std::thread::yield_now();
+            if spent < self.recv_spin {
+                // On a machine with more runnable threads than cores, the peer that is to
+                // send may be waiting for this core.
+                std::thread::yield_now();
+            } else {
+                socket::wait_readable(self.io.fd(), budget - spent);
+            }
         }
     }
 
