@@ -31,9 +31,6 @@ const SAMPLES_ENV: &str = "CHORUS_DATAPLANE_SAMPLES";
 /// Overrides `TransportConfig::recv_spin`, in µs (tuning runs).
 const SPIN_ENV: &str = "CHORUS_DATAPLANE_SPIN_US";
 
-/// Overrides `TransportConfig::recv_block`, in µs (tuning runs).
-const BLOCK_ENV: &str = "CHORUS_DATAPLANE_BLOCK_US";
-
 /// How long building the mesh may take (every connect and handshake).
 const MESH_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -59,9 +56,6 @@ pub(crate) fn run(plan: &RankPlan) -> Result<(), String> {
     };
     if let Some(us) = std::env::var(SPIN_ENV).ok().and_then(|v| v.parse().ok()) {
         cfg.recv_spin = Duration::from_micros(us);
-    }
-    if let Some(us) = std::env::var(BLOCK_ENV).ok().and_then(|v| v.parse().ok()) {
-        cfg.recv_block = Duration::from_micros(us);
     }
     let transport = TcpTransport::new(cfg, secret).map_err(|e| format!("transport: {e}"))?;
     let want = match plan.backend {

@@ -91,9 +91,6 @@ pub struct TransportConfig {
     /// polls for up to this long, and an operation whose abort is noticed up to this much
     /// later. Zero parks at once.
     pub recv_spin: Duration,
-    /// After `recv_spin`, how long the caller then sleeps in `ppoll` on the socket (woken by
-    /// the kernel when data lands, still without a progress thread) before it parks.
-    pub recv_block: Duration,
 }
 
 impl Default for TransportConfig {
@@ -114,7 +111,6 @@ impl Default for TransportConfig {
             uring_entries: 256,
             busy_poll: Duration::ZERO,
             recv_spin: Duration::from_micros(50),
-            recv_block: Duration::ZERO,
         }
     }
 }

@@ -334,7 +334,6 @@ impl TcpConnection {
             peer,
             io,
             recv_spin: cfg.recv_spin,
-            recv_block: cfg.recv_block,
         })
     }
 

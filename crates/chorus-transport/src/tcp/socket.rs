@@ -165,22 +165,6 @@ pub(crate) fn recv_into(fd: BorrowedFd<'_>, buf: &mut bytes::BytesMut) -> io::Re
     }
 }
 
-/// Sleeps until `fd` has input (or an error or hang-up) or `timeout` has passed.
-pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: std::time::Duration) {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
-    // SAFETY: one valid pollfd and a valid timespec, both live for the call; no signal
-    // mask. An error (EINTR) just ends the wait early, which the caller tolerates.
-    unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Read;
