@@ -38,7 +38,7 @@ use chorus_benches::peer::session::{self, Ending};
 use chorus_benches::peer::stop;
 use chorus_benches::peer::sweep::{Bytes, Sweep};
 use chorus_benches::peer::system::{OpenMpi, System as PeerSystem, Tools};
-use chorus_engine::EngineConfig;
+use chorus_engine::{Algorithm, EngineConfig};
 use chorus_transport::Backend;
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -130,6 +130,15 @@ struct EngineArgs {
     /// Pipeline depth (chunks in flight per peer).
     #[arg(long)]
     depth: Option<usize>,
+    /// Force an all-reduce algorithm (ring, recursive-doubling, halving-doubling).
+    #[arg(long, value_parser = parse_algorithm)]
+    algo: Option<Algorithm>,
+}
+
+fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
+    Algorithm::from_name(name)
+        .filter(|a| Algorithm::for_collective(chorus_protocol::Collective::AllReduce).contains(a))
+        .ok_or_else(|| format!("{name:?} is not an all-reduce algorithm"))
 }
 
 impl EngineArgs {
@@ -141,6 +150,7 @@ impl EngineArgs {
         if let Some(depth) = self.depth {
             c.pipeline_depth = depth;
         }
+        c.overrides.all_reduce = self.algo;
         c
     }
 
@@ -151,6 +161,9 @@ impl EngineArgs {
         }
         if let Some(d) = self.depth {
             v.extend(["--depth".to_owned(), d.to_string()]);
+        }
+        if let Some(a) = self.algo {
+            v.extend(["--algo".to_owned(), a.name().to_owned()]);
         }
         v
     }

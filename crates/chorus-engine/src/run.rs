@@ -176,6 +176,14 @@ where
         Ok(configured.max(max_elems.div_ceil(max_chunks)))
     }
 
+    /// How many chunks a schedule may send to a peer ahead of what it has received from
+    /// it, without ever waiting on credit while the peer waits on it too: `depth - grant`.
+    /// A rank blocked on credit at chunk `c + ahead` then has a peer that has not consumed
+    /// chunk `c - grant`, so that peer is not itself blocked sending (see the module note).
+    pub(crate) fn lookahead(&self) -> usize {
+        (self.depth - self.grant) as usize
+    }
+
     /// Publish the schedule's step count.
     pub(crate) fn plan(&self, steps: usize) {
         self.progress
