@@ -5,3 +5,13 @@
 //! control thread nothing else can block, launch-environment detection and the flight
 //! recorder. It wires the floors below together; it must never depend on the CLI, the
 //! benches or the tests.
+
+pub mod config;
+pub mod error;
+pub mod launch;
+pub mod unique_id;
+
+pub use config::{Config, ConfigError, TransportChoice};
+pub use error::{Error, ErrorKind, Result};
+pub use launch::{Launch, LaunchError, LaunchSource, RootSpec};
+pub use unique_id::{JobSecret, UniqueId};
