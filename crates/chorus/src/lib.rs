@@ -8,8 +8,11 @@
 
 pub mod config;
 pub mod error;
+pub mod host;
 pub mod launch;
+pub mod signal;
 pub mod unique_id;
+pub mod watch;
 
 pub use config::{Config, ConfigError, TransportChoice};
 pub use error::{Error, ErrorKind, Result};
