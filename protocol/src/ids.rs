@@ -64,6 +64,10 @@ id!(
 );
 
 impl Rank {
+    /// "No rank": the sender field of a process that is not (yet) a member — a grow joiner,
+    /// a status client, the launcher — and `Join::peer.rank` of a grow joiner.
+    pub const NONE: Rank = Rank(u32::MAX);
+
     /// The rank as an index into per-rank tables.
     pub const fn index(self) -> usize {
         self.0 as usize

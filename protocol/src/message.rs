@@ -9,6 +9,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::code::CloseCode;
 use crate::ids::{CommId, Epoch, OpSeq, Rank};
+use crate::limits::MAX_DETAIL;
 
 /// Length of handshake nonces and proofs (HMAC-SHA256 output).
 pub const PROOF_LEN: usize = 32;
@@ -34,6 +35,87 @@ pub enum Kind {
     Chunk = 0x40,
     StatusRequest = 0x50,
     StatusReply = 0x51,
+}
+
+impl Kind {
+    /// Every kind, in code order.
+    pub const ALL: [Kind; 17] = [
+        Kind::Hello,
+        Kind::HelloAck,
+        Kind::Reject,
+        Kind::Join,
+        Kind::Welcome,
+        Kind::Heartbeat,
+        Kind::Depart,
+        Kind::Notice,
+        Kind::Revoke,
+        Kind::Prepare,
+        Kind::Promise,
+        Kind::Propose,
+        Kind::Accept,
+        Kind::Commit,
+        Kind::Chunk,
+        Kind::StatusRequest,
+        Kind::StatusReply,
+    ];
+
+    /// The wire code.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The kind for a wire code, or `None` for a code this version does not know.
+    pub const fn from_code(code: u8) -> Option<Kind> {
+        Some(match code {
+            0x01 => Kind::Hello,
+            0x02 => Kind::HelloAck,
+            0x03 => Kind::Reject,
+            0x10 => Kind::Join,
+            0x11 => Kind::Welcome,
+            0x20 => Kind::Heartbeat,
+            0x21 => Kind::Depart,
+            0x22 => Kind::Notice,
+            0x23 => Kind::Revoke,
+            0x30 => Kind::Prepare,
+            0x31 => Kind::Promise,
+            0x32 => Kind::Propose,
+            0x33 => Kind::Accept,
+            0x34 => Kind::Commit,
+            0x40 => Kind::Chunk,
+            0x50 => Kind::StatusRequest,
+            0x51 => Kind::StatusReply,
+            _ => return None,
+        })
+    }
+
+    /// The stable kebab-case name SPEC.md uses (`hello-ack`, `status-reply`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kind::Hello => "hello",
+            Kind::HelloAck => "hello-ack",
+            Kind::Reject => "reject",
+            Kind::Join => "join",
+            Kind::Welcome => "welcome",
+            Kind::Heartbeat => "heartbeat",
+            Kind::Depart => "depart",
+            Kind::Notice => "notice",
+            Kind::Revoke => "revoke",
+            Kind::Prepare => "prepare",
+            Kind::Promise => "promise",
+            Kind::Propose => "propose",
+            Kind::Accept => "accept",
+            Kind::Commit => "commit",
+            Kind::Chunk => "chunk",
+            Kind::StatusRequest => "status-request",
+            Kind::StatusReply => "status-reply",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
 }
 
 /// A decoded message: the body of one frame, typed.
@@ -101,6 +183,9 @@ pub enum Role {
     Joiner = 3,
     /// `chorus status`: reads the live state, may not send anything but `StatusRequest`.
     Status = 4,
+    /// The job's launcher (`chorus run`): asks for status and reports, as a witness, that a
+    /// rank's process exited (a `Notice` with `LauncherWitness` evidence and no origin rank).
+    Launcher = 5,
 }
 
 /// The first frame on every connection, sent by the connecting side.
@@ -138,6 +223,16 @@ pub struct Reject {
     pub code: CloseCode,
     /// Human-readable, lowercase, at most `MAX_DETAIL` bytes.
     pub detail: String,
+}
+
+impl Reject {
+    /// A rejection whose detail is cut (at a character boundary) to `MAX_DETAIL` bytes.
+    pub fn new(code: CloseCode, detail: impl Into<String>) -> Self {
+        Reject {
+            code,
+            detail: truncated(detail.into(), MAX_DETAIL),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -207,7 +302,19 @@ pub struct Heartbeat {
 #[rkyv(derive(Debug))]
 pub struct Depart {
     pub code: CloseCode,
+    /// Human-readable, lowercase, at most `MAX_DETAIL` bytes.
     pub detail: String,
+}
+
+impl Depart {
+    /// A departure whose detail is cut (at a character boundary) to `MAX_DETAIL` bytes, so
+    /// that a long error text never stops a member from departing.
+    pub fn new(code: CloseCode, detail: impl Into<String>) -> Self {
+        Depart {
+            code,
+            detail: truncated(detail.into(), MAX_DETAIL),
+        }
+    }
 }
 
 /// What a notice asserts about its subject.
@@ -362,6 +469,9 @@ pub struct Chunk {
 pub struct StatusRequest {
     /// How many of the most recent flight-recorder entries to include.
     pub max_ops: u32,
+    /// Include the member's current peer table (`StatusReply::members`), so a status client
+    /// that only knows the root's address can reach every other member.
+    pub with_members: bool,
 }
 
 /// A member's liveness state for one peer, as its ledger holds it.
@@ -429,4 +539,18 @@ pub struct StatusReply {
     pub ops: Vec<OpRecord>,
     /// The first error this member's communicator recorded, with its stable token.
     pub async_error: Option<String>,
+    /// The member's current peer table when the request asked `with_members`, else empty.
+    pub members: Vec<PeerInfo>,
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+fn truncated(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
 }

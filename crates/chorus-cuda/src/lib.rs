@@ -5,4 +5,38 @@
 //! pinned host memory, so aborting a communicator retires kernels already on the stream.
 //!
 //! It may depend on `chorus-protocol` and `chorus-engine`; never on `chorus-control`,
-//! `chorus-transport`, `chorus` or the CLI. It must build and test on a machine without CUDA.
+//! `chorus-transport`, `chorus` or the CLI. It must build and test on a machine without CUDA:
+//! nothing here links against CUDA, and [`probe::libraries`] finds the driver and NVRTC
+//! before cudarc would panic on their absence, answering [`CudaError::DeviceUnavailable`].
+//!
+//! - [`CudaDevice`]: one rank's GPU (`Device` with `Mem = GpuMem`, `Payload = GpuPayload`).
+//! - [`DeviceLink`]: `Link<GpuPayload>` between two ranks on one GPU, threads or processes;
+//!   [`local::connect_all`] joins N ranks in one process.
+//! - [`CudaDevice::synchronize`]: the bounded wait for a rank's work.
+
+pub mod cache;
+pub mod compile;
+pub mod device;
+pub mod error;
+pub mod frame;
+pub mod gpu;
+mod kernels;
+pub mod link;
+pub mod local;
+mod mapped;
+pub mod memory;
+pub mod payload;
+pub mod probe;
+pub mod reference;
+mod region;
+pub mod source;
+mod sync;
+#[doc(hidden)]
+pub mod testing;
+
+pub use device::CudaDevice;
+pub use error::CudaError;
+pub use gpu::Gpu;
+pub use link::{DeviceLink, LinkConfig};
+pub use memory::{GpuBuffer, GpuMem};
+pub use payload::GpuPayload;

@@ -1,0 +1,481 @@
+//! `CudaDevice`: the engine's `Device` on a GPU.
+//!
+//! One `CudaDevice` is one rank's view of a GPU: a main stream on which every operation is
+//! queued in call order (copies and reductions are kernel launches; nothing here blocks the
+//! host), plus the device links attached to it. Several ranks may share a GPU, each with its
+//! own `CudaDevice`. The only waits are [`CudaDevice::synchronize`] and the test helpers,
+//! and each is bounded: completion is polled against a deadline (`sync.rs`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use chorus_engine::device::{Device, DeviceError};
+use chorus_protocol::{DType, Rank, ReduceOp};
+use cudarc::driver::{CudaEvent, CudaStream, result};
+
+use crate::error::CudaError;
+use crate::gpu::Gpu;
+use crate::mapped::MappedHost;
+use crate::memory::{GpuBuffer, GpuMem};
+use crate::payload::GpuPayload;
+use crate::reference::int_divisor;
+use crate::sync;
+
+/// A rank's GPU device.
+#[derive(Clone)]
+pub struct CudaDevice {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+/// Something with streams of its own that queues work for a device (a device link).
+pub(crate) trait Attached: Send + Sync {
+    /// Its streams, to be drained by the device's synchronisation.
+    fn streams(&self) -> Vec<Arc<CudaStream>>;
+    /// `Some(peer)` if it was aborted or its peer failed: the data it carried since then is
+    /// not the peer's.
+    fn failed(&self) -> Option<(Rank, String)>;
+}
+
+pub(crate) struct DeviceInner {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) stream: Arc<CudaStream>,
+    name: String,
+    attached: Mutex<Vec<Weak<dyn Attached>>>,
+    syncs: AtomicU64,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("name", &self.inner.name)
+            .finish()
+    }
+}
+
+impl CudaDevice {
+    /// A new rank on GPU `ordinal`, with its own main stream. The GPU is opened (and the
+    /// kernels compiled) on first use in the process; [`CudaError::DeviceUnavailable`] if
+    /// there is no driver, NVRTC or such device.
+    pub fn new(ordinal: usize) -> Result<Self, CudaError> {
+        Self::on(Gpu::open(ordinal)?)
+    }
+
+    /// A new rank on an opened GPU.
+    pub fn on(gpu: Arc<Gpu>) -> Result<Self, CudaError> {
+        gpu.bind()?;
+        let stream = gpu
+            .ctx
+            .new_stream()
+            .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
+        let name = format!("cuda:{}", gpu.ordinal());
+        Ok(CudaDevice {
+            inner: Arc::new(DeviceInner {
+                gpu,
+                stream,
+                name,
+                attached: Mutex::new(Vec::new()),
+                syncs: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.inner.gpu
+    }
+
+    /// A zeroed buffer of `bytes` bytes (stream-ordered on the main stream).
+    pub fn buffer(&self, bytes: usize) -> Result<GpuBuffer, CudaError> {
+        GpuBuffer::zeroed(&self.inner, bytes)
+    }
+
+    /// Wait until everything queued so far on this rank's streams (main and attached links)
+    /// has run, for at most `timeout`. Fails with [`CudaError::Timeout`] if the work is still
+    /// queued (nothing is cancelled: abort the links to retire waits on a peer), or
+    /// [`CudaError::Aborted`] if a link attached to this device was aborted or lost its peer,
+    /// so the data it carried is partial.
+    pub fn synchronize(&self, timeout: Duration) -> Result<(), CudaError> {
+        let inner = &self.inner;
+        let live = inner.live_attached();
+        let mut events = vec![sync::mark(&inner.stream)?];
+        for a in &live {
+            for s in a.streams() {
+                events.push(sync::mark(&s)?);
+            }
+        }
+        sync::wait_all(
+            &events,
+            timeout,
+            &format!("stream synchronize on {}", inner.name),
+        )?;
+        inner.syncs.fetch_add(1, Ordering::Relaxed);
+        if let Some((peer, detail)) = live.iter().find_map(|a| a.failed()) {
+            return Err(CudaError::Aborted {
+                what: format!("work on {} ({detail})", inner.name),
+                peer,
+            });
+        }
+        Ok(())
+    }
+
+    /// Copy `data` into `dst[off..]` and wait (at most `timeout`) until it is there.
+    pub fn upload(
+        &self,
+        dst: &mut GpuMem,
+        off: usize,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(), CudaError> {
+        let at = dst.at(off, data.len()).map_err(invalid)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut staging = MappedHost::new(&self.inner.gpu, data.len())?;
+        staging.as_mut_slice()[..data.len()].copy_from_slice(data);
+        self.inner.gpu.kernels.copy(
+            &self.inner.stream,
+            at,
+            staging.device_ptr(0),
+            data.len() as u64,
+        )?;
+        self.finish_staged(staging, timeout, "upload").map(|_| ())
+    }
+
+    /// Copy `src[off..off + len]` to the host, waiting at most `timeout`.
+    pub fn download(
+        &self,
+        src: &GpuMem,
+        off: usize,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, CudaError> {
+        let at = src.at(off, len).map_err(invalid)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = MappedHost::new(&self.inner.gpu, len)?;
+        self.inner
+            .gpu
+            .kernels
+            .copy(&self.inner.stream, staging.device_ptr(0), at, len as u64)?;
+        let staging = self.finish_staged(staging, timeout, "download")?;
+        Ok(staging.as_slice()[..len].to_vec())
+    }
+
+    /// Wait for the main stream; on timeout the staging memory may still be in use by the
+    /// queued copy, so it is leaked rather than freed under it.
+    fn finish_staged(
+        &self,
+        staging: MappedHost,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<MappedHost, CudaError> {
+        match sync::drain(
+            &[&self.inner.stream],
+            timeout,
+            &format!("{what} on {}", self.inner.name),
+        ) {
+            Ok(()) => Ok(staging),
+            Err(e) => {
+                std::mem::forget(staging);
+                Err(e)
+            }
+        }
+    }
+
+    /// Completed synchronisations so far (for tests and benchmarks).
+    pub fn synchronizations(&self) -> u64 {
+        self.inner.syncs.load(Ordering::Relaxed)
+    }
+
+    /// The main stream, for timing with events (benchmarks).
+    #[doc(hidden)]
+    pub fn main_stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    pub(crate) fn attach(&self, a: Weak<dyn Attached>) {
+        let mut v = self
+            .inner
+            .attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.push(a);
+    }
+
+    fn kernels(&self) -> &crate::kernels::Kernels {
+        &self.inner.gpu.kernels
+    }
+}
+
+impl DeviceInner {
+    fn live_attached(&self) -> Vec<Arc<dyn Attached>> {
+        let mut v = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// `bytes` bytes from the device's pool, in order on the main stream (0 for none).
+    pub(crate) fn alloc_async(&self, bytes: usize) -> Result<u64, CudaError> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        self.gpu.bind()?;
+        // SAFETY: the stream belongs to this (bound) context; the memory is used only by
+        // work ordered after this call on the main stream, or on streams made to wait for it.
+        unsafe { result::malloc_async(self.stream.cu_stream(), bytes) }.map_err(|e| {
+            CudaError::OutOfMemory {
+                bytes,
+                detail: format!("cuMemAllocAsync: {e:?}"),
+            }
+        })
+    }
+
+    /// Free `ptr` in order on the main stream, after `after` if given. Errors are logged:
+    /// this runs from destructors.
+    pub(crate) fn free_async(&self, ptr: u64, after: Option<&CudaEvent>) {
+        if ptr == 0 {
+            return;
+        }
+        let r = self.gpu.bind().and_then(|()| {
+            if let Some(ev) = after {
+                self.stream
+                    .wait(ev)
+                    .map_err(|e| CudaError::driver("cuStreamWaitEvent", e))?;
+            }
+            // SAFETY: `ptr` came from cuMemAllocAsync in this context and is freed once;
+            // every use of it is ordered before this point on the main stream (directly,
+            // or through `after`).
+            unsafe { result::free_async(ptr, self.stream.cu_stream()) }
+                .map_err(|e| CudaError::driver("cuMemFreeAsync", e))
+        });
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "freeing device memory failed; leaking it");
+        }
+    }
+}
+
+fn invalid(e: DeviceError) -> CudaError {
+    CudaError::Invalid(e.to_string())
+}
+
+/// Check that a region is whole elements of `dtype`.
+fn elements(off: &[usize], len: usize, dtype: DType) -> Result<u64, DeviceError> {
+    let size = dtype.size();
+    if !len.is_multiple_of(size) || off.iter().any(|o| !o.is_multiple_of(size)) {
+        return Err(DeviceError::Misaligned { len, dtype });
+    }
+    Ok((len / size) as u64)
+}
+
+fn has_kernel(op: ReduceOp, dtype: DType) -> Result<(), DeviceError> {
+    match op {
+        ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Min | ReduceOp::Max => Ok(()),
+        ReduceOp::Avg | ReduceOp::PreMulSum => Err(DeviceError::Unsupported { op, dtype }),
+    }
+}
+
+impl Device for CudaDevice {
+    type Mem = GpuMem;
+    type Owned = GpuBuffer;
+    type Payload = GpuPayload;
+
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn len(&self, mem: &GpuMem) -> usize {
+        mem.len()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<GpuBuffer, DeviceError> {
+        Ok(self.buffer(bytes)?)
+    }
+
+    fn copy(
+        &self,
+        dst: &mut GpuMem,
+        dst_off: usize,
+        src: &GpuMem,
+        src_off: usize,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        let d = dst.at(dst_off, len)?;
+        let s = src.at(src_off, len)?;
+        if d != s {
+            self.kernels().copy(&self.inner.stream, d, s, len as u64)?;
+        }
+        Ok(())
+    }
+
+    fn copy_within(
+        &self,
+        mem: &mut GpuMem,
+        src_off: usize,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        let s = mem.at(src_off, len)?;
+        let d = mem.at(dst_off, len)?;
+        if s == d || len == 0 {
+            return Ok(());
+        }
+        let k = self.kernels();
+        if s.abs_diff(d) >= len as u64 {
+            k.copy(&self.inner.stream, d, s, len as u64)?;
+        } else {
+            // Overlapping: a parallel copy would read bytes it already overwrote, so go
+            // through a stream-ordered temporary.
+            let tmp = self.inner.alloc_async(len)?;
+            let r = k
+                .copy(&self.inner.stream, tmp, s, len as u64)
+                .and_then(|()| k.copy(&self.inner.stream, d, tmp, len as u64));
+            self.inner.free_async(tmp, None);
+            r?;
+        }
+        Ok(())
+    }
+
+    fn reduce(
+        &self,
+        dst: &mut GpuMem,
+        dst_off: usize,
+        src: &GpuMem,
+        src_off: usize,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), DeviceError> {
+        has_kernel(op, dtype)?;
+        let n = elements(&[dst_off, src_off], len, dtype)?;
+        let d = dst.at(dst_off, len)?;
+        let s = src.at(src_off, len)?;
+        Ok(self
+            .kernels()
+            .reduce(&self.inner.stream, dtype, op, d, s, n)?)
+    }
+
+    fn scale(
+        &self,
+        mem: &mut GpuMem,
+        off: usize,
+        len: usize,
+        dtype: DType,
+        factor: f64,
+    ) -> Result<(), DeviceError> {
+        let n = elements(&[off], len, dtype)?;
+        let m = mem.at(off, len)?;
+        let divisor = if dtype.is_float() {
+            0
+        } else {
+            int_divisor(factor).unwrap_or(0)
+        };
+        Ok(self
+            .kernels()
+            .scale(&self.inner.stream, dtype, m, n, factor, divisor)?)
+    }
+
+    fn pack(&self, src: &GpuMem, off: usize, len: usize) -> Result<GpuPayload, DeviceError> {
+        let s = src.at(off, len)?;
+        let ptr = self.inner.alloc_async(len)?;
+        let mut payload = GpuPayload {
+            ptr,
+            len,
+            ready: None,
+            device: self.inner.clone(),
+        };
+        if len > 0 {
+            self.kernels()
+                .copy(&self.inner.stream, ptr, s, len as u64)?;
+            payload.ready = Some(sync::mark(&self.inner.stream)?);
+        }
+        Ok(payload)
+    }
+
+    fn payload_len(&self, payload: &GpuPayload) -> usize {
+        payload.len
+    }
+
+    fn unpack(
+        &self,
+        dst: &mut GpuMem,
+        off: usize,
+        payload: &GpuPayload,
+    ) -> Result<(), DeviceError> {
+        let d = dst.at(off, payload.len)?;
+        self.after(payload)?;
+        self.kernels()
+            .copy(&self.inner.stream, d, payload.ptr, payload.len as u64)?;
+        Ok(())
+    }
+
+    fn unpack_reduce(
+        &self,
+        dst: &mut GpuMem,
+        off: usize,
+        payload: &GpuPayload,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), DeviceError> {
+        has_kernel(op, dtype)?;
+        let n = elements(&[off], payload.len, dtype)?;
+        let d = dst.at(off, payload.len)?;
+        self.after(payload)?;
+        Ok(self
+            .kernels()
+            .reduce(&self.inner.stream, dtype, op, d, payload.ptr, n)?)
+    }
+}
+
+impl CudaDevice {
+    /// Make the main stream wait for a payload's bytes.
+    fn after(&self, payload: &GpuPayload) -> Result<(), CudaError> {
+        if let Some(ev) = &payload.ready {
+            self.inner.gpu.bind()?;
+            self.inner
+                .stream
+                .wait(ev)
+                .map_err(|e| CudaError::driver("cuStreamWaitEvent", e))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_elements_are_misaligned() {
+        assert_eq!(elements(&[0, 8], 16, DType::F32), Ok(4));
+        assert_eq!(
+            elements(&[0], 6, DType::F32),
+            Err(DeviceError::Misaligned {
+                len: 6,
+                dtype: DType::F32
+            })
+        );
+        assert_eq!(
+            elements(&[2], 8, DType::F64),
+            Err(DeviceError::Misaligned {
+                len: 8,
+                dtype: DType::F64
+            })
+        );
+        assert_eq!(elements(&[3], 5, DType::U8), Ok(5));
+    }
+
+    #[test]
+    fn avg_and_premulsum_are_composed_by_the_engine() {
+        assert!(has_kernel(ReduceOp::Max, DType::F8E5M2).is_ok());
+        assert_eq!(
+            has_kernel(ReduceOp::Avg, DType::F32),
+            Err(DeviceError::Unsupported {
+                op: ReduceOp::Avg,
+                dtype: DType::F32
+            })
+        );
+    }
+}

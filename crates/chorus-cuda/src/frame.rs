@@ -1,0 +1,350 @@
+//! The frames two ranks of a device link exchange over their host socket.
+//!
+//! The data itself moves through device memory; the socket carries what the host sides need
+//! to agree on: who is at the other end and where its slots are (`Hello`, `Region`), that a
+//! payload was queued (`Sent`: its tag and length), and that a side is leaving (`Depart`).
+//! Fixed little-endian layouts, each frame led by its kind byte; every field is checked as
+//! it is read and a bad one is a [`FrameError`], never a panic.
+
+use std::io::{self, Read, Write};
+
+use chorus_engine::link::Tag;
+use chorus_protocol::{CloseCode, Collective, DType, OpSeq, Rank};
+
+/// Identifies the device-link protocol in `Hello`.
+pub const MAGIC: [u8; 8] = *b"CHRSDLNK";
+/// This version of the device-link protocol.
+pub const VERSION: u16 = 1;
+/// Longest departure detail carried, in bytes.
+pub const MAX_DETAIL: usize = 256;
+
+/// One frame.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Frame {
+    /// First frame each way: identity and slot geometry.
+    Hello(Hello),
+    /// Second frame each way: where the sender's region is.
+    Region(RegionInfo),
+    /// A payload of `len` bytes was queued into the sender's slots under `tag`.
+    Sent { tag: Tag, len: u64 },
+    /// The sender is leaving; its streams are drained.
+    Depart { code: CloseCode, detail: String },
+}
+
+/// Identity and slot geometry, checked against the peer's before anything is shared.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Hello {
+    pub version: u16,
+    pub pid: u32,
+    pub rank: Rank,
+    /// The GPU's UUID: both ends must be on the same one.
+    pub uuid: [u8; 16],
+    pub slot_bytes: u64,
+    pub slots: u32,
+}
+
+/// Where the sender's region lives.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct RegionInfo {
+    /// The region's device address: the key of the in-process registry when both ends
+    /// share a process.
+    pub token: u64,
+    /// The CUDA IPC handle of the region, for a peer in another process.
+    pub ipc: Option<[u8; 64]>,
+}
+
+/// A frame that does not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    #[error("bad magic")]
+    Magic,
+    #[error("unknown {what} code {code}")]
+    Code { what: &'static str, code: u8 },
+    #[error("departure detail of {0} bytes exceeds {MAX_DETAIL}")]
+    Detail(usize),
+    #[error("flag byte {0} is neither 0 nor 1")]
+    Flag(u8),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+const HELLO: u8 = 1;
+const REGION: u8 = 2;
+const SENT: u8 = 3;
+const DEPART: u8 = 4;
+
+impl Frame {
+    /// The frame's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(96);
+        match self {
+            Frame::Hello(h) => {
+                b.push(HELLO);
+                b.extend_from_slice(&MAGIC);
+                b.extend_from_slice(&h.version.to_le_bytes());
+                b.extend_from_slice(&h.pid.to_le_bytes());
+                b.extend_from_slice(&h.rank.get().to_le_bytes());
+                b.extend_from_slice(&h.uuid);
+                b.extend_from_slice(&h.slot_bytes.to_le_bytes());
+                b.extend_from_slice(&h.slots.to_le_bytes());
+            }
+            Frame::Region(r) => {
+                b.push(REGION);
+                b.extend_from_slice(&r.token.to_le_bytes());
+                b.push(u8::from(r.ipc.is_some()));
+                b.extend_from_slice(&r.ipc.unwrap_or([0; 64]));
+            }
+            Frame::Sent { tag, len } => {
+                b.push(SENT);
+                b.push(tag.collective.code());
+                b.extend_from_slice(&tag.op.get().to_le_bytes());
+                b.extend_from_slice(&tag.step.to_le_bytes());
+                b.extend_from_slice(&tag.offset.to_le_bytes());
+                b.push(tag.dtype.code());
+                b.extend_from_slice(&len.to_le_bytes());
+            }
+            Frame::Depart { code, detail } => {
+                b.push(DEPART);
+                b.extend_from_slice(&code.0.to_le_bytes());
+                let d = truncate(detail, MAX_DETAIL);
+                b.extend_from_slice(&(d.len() as u16).to_le_bytes());
+                b.extend_from_slice(d.as_bytes());
+            }
+        }
+        b
+    }
+
+    /// Write the frame.
+    pub fn write_to(&self, w: &mut impl Write) -> io::Result<()> {
+        w.write_all(&self.encode())
+    }
+
+    /// Read one frame; `Ok(None)` at a clean end of stream (before a kind byte).
+    pub fn read_from(r: &mut impl Read) -> Result<Option<Frame>, FrameError> {
+        let mut kind = [0u8; 1];
+        loop {
+            match r.read(&mut kind) {
+                Ok(0) => return Ok(None),
+                Ok(_) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let frame = match kind[0] {
+            HELLO => {
+                let magic: [u8; 8] = array(r)?;
+                if magic != MAGIC {
+                    return Err(FrameError::Magic);
+                }
+                Frame::Hello(Hello {
+                    version: u16::from_le_bytes(array(r)?),
+                    pid: u32::from_le_bytes(array(r)?),
+                    rank: Rank(u32::from_le_bytes(array(r)?)),
+                    uuid: array(r)?,
+                    slot_bytes: u64::from_le_bytes(array(r)?),
+                    slots: u32::from_le_bytes(array(r)?),
+                })
+            }
+            REGION => {
+                let token = u64::from_le_bytes(array(r)?);
+                let [flag] = array(r)?;
+                let handle: [u8; 64] = array(r)?;
+                let ipc = match flag {
+                    0 => None,
+                    1 => Some(handle),
+                    f => return Err(FrameError::Flag(f)),
+                };
+                Frame::Region(RegionInfo { token, ipc })
+            }
+            SENT => {
+                let [c] = array(r)?;
+                let collective = Collective::from_code(c).ok_or(FrameError::Code {
+                    what: "collective",
+                    code: c,
+                })?;
+                let op = OpSeq(u64::from_le_bytes(array(r)?));
+                let step = u32::from_le_bytes(array(r)?);
+                let offset = u64::from_le_bytes(array(r)?);
+                let [d] = array(r)?;
+                let dtype = DType::from_code(d).ok_or(FrameError::Code {
+                    what: "dtype",
+                    code: d,
+                })?;
+                let len = u64::from_le_bytes(array(r)?);
+                Frame::Sent {
+                    tag: Tag {
+                        collective,
+                        op,
+                        step,
+                        offset,
+                        dtype,
+                    },
+                    len,
+                }
+            }
+            DEPART => {
+                let code = CloseCode(u16::from_le_bytes(array(r)?));
+                let n = u16::from_le_bytes(array(r)?) as usize;
+                if n > MAX_DETAIL {
+                    return Err(FrameError::Detail(n));
+                }
+                let mut detail = vec![0u8; n];
+                r.read_exact(&mut detail)?;
+                Frame::Depart {
+                    code,
+                    detail: String::from_utf8_lossy(&detail).into_owned(),
+                }
+            }
+            k => return Err(FrameError::Kind(k)),
+        };
+        Ok(Some(frame))
+    }
+}
+
+fn array<const N: usize>(r: &mut impl Read) -> io::Result<[u8; N]> {
+    let mut a = [0u8; N];
+    r.read_exact(&mut a)?;
+    Ok(a)
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag() -> Tag {
+        Tag {
+            collective: Collective::AllReduce,
+            op: OpSeq(7),
+            step: 3,
+            offset: 4096,
+            dtype: DType::BF16,
+        }
+    }
+
+    fn roundtrip(f: Frame) {
+        let bytes = f.encode();
+        let back = Frame::read_from(&mut bytes.as_slice()).unwrap().unwrap();
+        assert_eq!(back, f);
+    }
+
+    #[test]
+    fn every_frame_roundtrips() {
+        roundtrip(Frame::Hello(Hello {
+            version: VERSION,
+            pid: 1234,
+            rank: Rank(3),
+            uuid: [9; 16],
+            slot_bytes: 1 << 23,
+            slots: 4,
+        }));
+        roundtrip(Frame::Region(RegionInfo {
+            token: 0xdead_beef,
+            ipc: None,
+        }));
+        roundtrip(Frame::Region(RegionInfo {
+            token: 1,
+            ipc: Some([5; 64]),
+        }));
+        roundtrip(Frame::Sent {
+            tag: tag(),
+            len: 1 << 30,
+        });
+        roundtrip(Frame::Depart {
+            code: CloseCode::ABORTED,
+            detail: "bye".into(),
+        });
+    }
+
+    #[test]
+    fn end_of_stream_before_a_frame_is_clean_and_inside_one_is_an_error() {
+        assert!(Frame::read_from(&mut [].as_slice()).unwrap().is_none());
+        let bytes = Frame::Sent { tag: tag(), len: 5 }.encode();
+        let err = Frame::read_from(&mut &bytes[..10]).unwrap_err();
+        assert!(matches!(err, FrameError::Io(_)), "{err}");
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        assert!(matches!(
+            Frame::read_from(&mut [99u8].as_slice()),
+            Err(FrameError::Kind(99))
+        ));
+        let mut bytes = Frame::Sent { tag: tag(), len: 5 }.encode();
+        bytes[1] = 200;
+        assert!(matches!(
+            Frame::read_from(&mut bytes.as_slice()),
+            Err(FrameError::Code {
+                what: "collective",
+                code: 200
+            })
+        ));
+        let mut bytes = Frame::Sent { tag: tag(), len: 5 }.encode();
+        bytes[22] = 77;
+        assert!(matches!(
+            Frame::read_from(&mut bytes.as_slice()),
+            Err(FrameError::Code {
+                what: "dtype",
+                code: 77
+            })
+        ));
+        let mut bytes = Frame::Region(RegionInfo {
+            token: 1,
+            ipc: None,
+        })
+        .encode();
+        bytes[9] = 2;
+        assert!(matches!(
+            Frame::read_from(&mut bytes.as_slice()),
+            Err(FrameError::Flag(2))
+        ));
+        let mut bytes = Frame::Hello(Hello {
+            version: 1,
+            pid: 1,
+            rank: Rank(0),
+            uuid: [0; 16],
+            slot_bytes: 1,
+            slots: 1,
+        })
+        .encode();
+        bytes[1] = b'X';
+        assert!(matches!(
+            Frame::read_from(&mut bytes.as_slice()),
+            Err(FrameError::Magic)
+        ));
+    }
+
+    #[test]
+    fn departure_details_are_bounded_both_ways() {
+        let long = "é".repeat(300);
+        let bytes = Frame::Depart {
+            code: CloseCode::LEFT,
+            detail: long,
+        }
+        .encode();
+        let Some(Frame::Depart { detail, .. }) = Frame::read_from(&mut bytes.as_slice()).unwrap()
+        else {
+            panic!("not a departure");
+        };
+        assert!(detail.len() <= MAX_DETAIL);
+        let mut forged = vec![DEPART, 0, 0];
+        forged.extend_from_slice(&1000u16.to_le_bytes());
+        assert!(matches!(
+            Frame::read_from(&mut forged.as_slice()),
+            Err(FrameError::Detail(1000))
+        ));
+    }
+}

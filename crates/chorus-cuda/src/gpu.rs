@@ -1,0 +1,202 @@
+//! `Gpu`: one CUDA device as this process uses it — its primary context, its properties and
+//! the loaded kernels. Opened once per ordinal and shared by every rank (thread) on it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, result, sys};
+
+use crate::cache::{self, Key};
+use crate::compile;
+use crate::error::CudaError;
+use crate::kernels::Kernels;
+use crate::probe;
+use crate::source;
+
+/// One CUDA device, opened.
+pub struct Gpu {
+    pub(crate) ctx: Arc<CudaContext>,
+    ordinal: usize,
+    name: String,
+    uuid: [u8; 16],
+    capability: (u32, u32),
+    sm_count: u32,
+    nvrtc: (u32, u32),
+    pub(crate) kernels: Kernels,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("capability", &self.capability)
+            .field("sm_count", &self.sm_count)
+            .finish()
+    }
+}
+
+impl Gpu {
+    /// The device `ordinal`, opened once per process (later calls share it). Fails with
+    /// [`CudaError::DeviceUnavailable`] when there is no driver, no NVRTC or no such device.
+    pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        static OPEN: OnceLock<Mutex<HashMap<usize, Arc<Gpu>>>> = OnceLock::new();
+        let open = OPEN.get_or_init(Default::default);
+        let mut map = open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(gpu) = map.get(&ordinal) {
+            return Ok(gpu.clone());
+        }
+        let gpu = Arc::new(Self::open_uncached(ordinal)?);
+        map.insert(ordinal, gpu.clone());
+        Ok(gpu)
+    }
+
+    /// How many CUDA devices there are (0 without a driver).
+    pub fn count() -> Result<usize, CudaError> {
+        probe::libraries()?;
+        match result::init() {
+            Ok(()) => {}
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => return Ok(0),
+            Err(e) => return Err(unavailable("cuInit", e)),
+        }
+        let n =
+            result::device::get_count().map_err(|e| CudaError::driver("cuDeviceGetCount", e))?;
+        Ok(n.max(0) as usize)
+    }
+
+    fn open_uncached(ordinal: usize) -> Result<Gpu, CudaError> {
+        let count = Self::count()?;
+        if ordinal >= count {
+            return Err(CudaError::DeviceUnavailable(format!(
+                "no CUDA device {ordinal} (this machine has {count})"
+            )));
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| unavailable("cuDevicePrimaryCtxRetain", e))?;
+        // SAFETY: this crate never uses cudarc's CudaSlice; it orders every buffer itself
+        // with streams and events, so cudarc's per-slice event tracking would only cost.
+        unsafe { ctx.disable_event_tracking() };
+        let attr = |a| {
+            ctx.attribute(a)
+                .map_err(|e| CudaError::driver("cuDeviceGetAttribute", e))
+                .map(|v| v.max(0) as u32)
+        };
+        use sys::CUdevice_attribute_enum as A;
+        let capability = (
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1);
+        if attr(A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? == 0 {
+            return Err(CudaError::DeviceUnavailable(format!(
+                "cuda:{ordinal} cannot map host memory, which aborting device waits needs"
+            )));
+        }
+        if attr(A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? == 0 {
+            return Err(CudaError::DeviceUnavailable(format!(
+                "cuda:{ordinal} has no unified addressing"
+            )));
+        }
+        let name = ctx
+            .name()
+            .map_err(|e| CudaError::driver("cuDeviceGetName", e))?;
+        let uuid = ctx
+            .uuid()
+            .map_err(|e| CudaError::driver("cuDeviceGetUuid", e))?;
+        let uuid: [u8; 16] = uuid.bytes.map(|b| b as u8);
+        keep_pool_memory(&ctx)?;
+
+        let nvrtc = compile::nvrtc_version()?;
+        let target =
+            compile::choose_target(capability.0, capability.1, &compile::supported_archs()?)?;
+        let key = Key {
+            source_hash: source::hash(),
+            target,
+            nvrtc,
+            fp8_hw: compile::fp8_hardware(target),
+        };
+        let (image, fp8_hw) = cache::get_or_compile(&key, &source::unit())?;
+        let kernels = Kernels::load(&ctx, &image, sm_count)?;
+        tracing::debug!(ordinal, %name, %target, fp8_hw, "opened gpu");
+        Ok(Gpu {
+            ctx,
+            ordinal,
+            name,
+            uuid,
+            capability,
+            sm_count,
+            nvrtc,
+            kernels,
+        })
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The device's name (`NVIDIA H200`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The device's UUID.
+    pub fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+
+    /// Compute capability `(major, minor)`.
+    pub fn capability(&self) -> (u32, u32) {
+        self.capability
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// NVRTC's version.
+    pub fn nvrtc_version(&self) -> (u32, u32) {
+        self.nvrtc
+    }
+
+    /// Make this device's context current on the calling thread.
+    pub(crate) fn bind(&self) -> Result<(), CudaError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))
+    }
+}
+
+/// Stream-ordered allocations (payloads, scratch) come from the device's default pool; by
+/// default it hands memory back to the driver at every synchronisation, which would make
+/// each collective pay for fresh allocations. Keep it.
+fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<(), CudaError> {
+    if !ctx.has_async_alloc() {
+        return Err(CudaError::DeviceUnavailable(format!(
+            "cuda:{} has no stream-ordered allocator",
+            ctx.ordinal()
+        )));
+    }
+    // SAFETY: the device handle comes from a live context; `threshold` outlives the call and
+    // has the u64 type this attribute takes.
+    unsafe {
+        let pool = result::device::get_default_mem_pool(ctx.cu_device())
+            .map_err(|e| CudaError::driver("cuDeviceGetDefaultMemPool", e))?;
+        let mut threshold = u64::MAX;
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .map_err(|e| CudaError::driver("cuMemPoolSetAttribute", e))
+    }
+}
+
+fn unavailable(call: &str, e: cudarc::driver::DriverError) -> CudaError {
+    let name = e
+        .error_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    CudaError::DeviceUnavailable(format!("{call} failed: {name}"))
+}

@@ -1,0 +1,781 @@
+//! `DeviceLink`: two ranks on one GPU exchanging payloads through device memory.
+//!
+//! Each end owns a [`Region`](crate::region) of slots. A send queues, on the link's send
+//! stream, for each slot-sized part: a wait until the peer has consumed the slot's previous
+//! message, a copy into the slot, and a signal raising `ready`; then it tells the peer's host
+//! (a `Sent` frame on the socket). The peer's reader thread queues, on its receive stream,
+//! the mirror image — wait for `ready`, copy out, signal `consumed` — and files the payload
+//! for `recv`. So the host never waits for the GPU, and the GPU waits only in `chorus_wait`,
+//! which also polls this end's abort word: [`Link::cancel`], a departure or a lost peer set
+//! it, and every wait on the peer returns at once (seeds/002: NCCL could not do this, and a
+//! lost peer cost the context).
+//!
+//! Ends in one process (threads) share regions directly; ends in two processes map each
+//! other's region through CUDA IPC. Either way the host side is a connected Unix socket.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io::Write;
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
+use chorus_protocol::{CloseCode, Rank};
+use cudarc::driver::{CudaStream, result};
+
+use crate::device::{Attached, CudaDevice};
+use crate::error::CudaError;
+use crate::frame::{Frame, Hello, RegionInfo, VERSION};
+use crate::mapped::MappedHost;
+use crate::payload::GpuPayload;
+use crate::region::{CONSUMED, PeerRegion, READY, Region, SLOTS};
+use crate::sync;
+
+/// Slot geometry and the link's deadlines.
+#[derive(Clone, Debug)]
+pub struct LinkConfig {
+    /// Bytes per slot (a multiple of 256). Larger slots mean fewer kernel launches per
+    /// payload; `slots * slot_bytes` of device memory per end.
+    pub slot_bytes: usize,
+    /// Slots per end (at least 1; 2 or more lets copies in and out overlap).
+    pub slots: u32,
+    /// Bound on the whole handshake.
+    pub handshake_timeout: Duration,
+    /// Bound on draining the link's streams, and on waiting for the peer's departure, when
+    /// the link is dropped.
+    pub teardown_timeout: Duration,
+    /// Bound on writing one frame to the peer (a frozen peer stops reading).
+    pub write_timeout: Duration,
+    /// Most payload bytes received but not yet claimed by `recv`; past it the link fails
+    /// with `Overflow`.
+    pub max_held_bytes: u64,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        LinkConfig {
+            slot_bytes: 8 << 20,
+            slots: 4,
+            handshake_timeout: Duration::from_secs(10),
+            teardown_timeout: Duration::from_secs(2),
+            write_timeout: Duration::from_secs(5),
+            max_held_bytes: 4 << 30,
+        }
+    }
+}
+
+impl LinkConfig {
+    fn check(&self) -> Result<(), CudaError> {
+        if self.slot_bytes == 0 || !self.slot_bytes.is_multiple_of(256) {
+            return Err(CudaError::Invalid(format!(
+                "slot_bytes {} is not a positive multiple of 256",
+                self.slot_bytes
+            )));
+        }
+        if self.slots == 0 {
+            return Err(CudaError::Invalid(
+                "a device link needs at least one slot".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn region_bytes(&self) -> usize {
+        SLOTS as usize + self.slots as usize * self.slot_bytes
+    }
+}
+
+/// Abort word and the retired-message records in mapped host memory.
+const ABORT: usize = 0;
+const RETIRED_SEND: usize = 64;
+const RETIRED_RECV: usize = 128;
+
+/// One end of a device link. Implements the engine's [`Link`] for [`GpuPayload`].
+pub struct DeviceLink {
+    core: Arc<LinkCore>,
+    reader: Option<JoinHandle<()>>,
+}
+
+struct LinkCore {
+    device: CudaDevice,
+    me: Rank,
+    peer: Rank,
+    send_stream: Arc<CudaStream>,
+    recv_stream: Arc<CudaStream>,
+    words: MappedHost,
+    own: Arc<Region>,
+    theirs: PeerRegion,
+    slot_bytes: u64,
+    slots: u64,
+    socket: UnixStream,
+    /// Held while a send queues its work and writes its frame, so frames leave in sequence.
+    tx: Mutex<u64>,
+    /// Messages taken out of the peer's slots (the reader thread's counter).
+    rx_seq: AtomicU64,
+    mailbox: Mutex<Mailbox>,
+    cancelled: OnceLock<CancelReason>,
+    /// Set when the peer failed or sent garbage (not on an orderly departure).
+    failure: OnceLock<LinkError>,
+    reader_done: (Mutex<bool>, Condvar),
+    frozen: AtomicBool,
+    config: LinkConfig,
+}
+
+#[derive(Default)]
+struct Mailbox {
+    held: VecDeque<(Tag, GpuPayload)>,
+    held_bytes: u64,
+    wakers: Vec<Waker>,
+    /// Why no more payloads will arrive.
+    closed: Option<LinkError>,
+}
+
+impl DeviceLink {
+    /// Connect rank `me` on `device` with rank `peer` at the other end of `socket` (a
+    /// connected Unix stream; `UnixStream::pair()` for threads of one process). Both ends
+    /// call this at the same time; it returns once both have exchanged regions, or fails
+    /// within `config.handshake_timeout`.
+    pub fn connect(
+        device: &CudaDevice,
+        me: Rank,
+        peer: Rank,
+        socket: UnixStream,
+        config: &LinkConfig,
+    ) -> Result<DeviceLink, CudaError> {
+        config.check()?;
+        let link_err = |detail: String| CudaError::Link { peer, detail };
+        let deadline = Instant::now() + config.handshake_timeout;
+        let io = |what: &str, e: std::io::Error| link_err(format!("{what}: {e}"));
+        socket
+            .set_write_timeout(Some(config.handshake_timeout))
+            .map_err(|e| io("socket", e))?;
+        let gpu = device.gpu().clone();
+        let hello = Hello {
+            version: VERSION,
+            pid: std::process::id(),
+            rank: me,
+            uuid: gpu.uuid(),
+            slot_bytes: config.slot_bytes as u64,
+            slots: config.slots,
+        };
+        Frame::Hello(hello.clone())
+            .write_to(&mut &socket)
+            .map_err(|e| io("sending hello", e))?;
+        let theirs = match read_before(&socket, deadline).map_err(&link_err)? {
+            Frame::Hello(h) => h,
+            other => return Err(link_err(format!("expected hello, got {other:?}"))),
+        };
+        if theirs.version != VERSION {
+            return Err(link_err(format!(
+                "peer speaks version {}, not {VERSION}",
+                theirs.version
+            )));
+        }
+        if theirs.rank != peer {
+            return Err(link_err(format!("the peer says it is {}", theirs.rank)));
+        }
+        if theirs.uuid != hello.uuid {
+            return Err(link_err("the peer is on another GPU".into()));
+        }
+        if (theirs.slot_bytes, theirs.slots) != (hello.slot_bytes, hello.slots) {
+            return Err(link_err(format!(
+                "slot geometry differs: {}x{} here, {}x{} there",
+                hello.slots, hello.slot_bytes, theirs.slots, theirs.slot_bytes
+            )));
+        }
+        let same_process = theirs.pid == hello.pid;
+
+        gpu.bind()?;
+        let new_stream = || {
+            gpu.ctx
+                .new_stream()
+                .map_err(|e| CudaError::driver("cuStreamCreate", e))
+        };
+        let send_stream = new_stream()?;
+        let recv_stream = new_stream()?;
+        let own = Region::new(&gpu, &send_stream, config.region_bytes(), !same_process)?;
+        sync::drain(
+            &[&send_stream],
+            config.handshake_timeout,
+            "clearing a link region",
+        )?;
+        let info = RegionInfo {
+            token: own.ptr,
+            ipc: if same_process {
+                None
+            } else {
+                Some(own.ipc_handle()?)
+            },
+        };
+        Frame::Region(info)
+            .write_to(&mut &socket)
+            .map_err(|e| io("sending region", e))?;
+        let their_region = match read_before(&socket, deadline).map_err(&link_err)? {
+            Frame::Region(r) => r,
+            other => return Err(link_err(format!("expected region, got {other:?}"))),
+        };
+        let theirs = match (same_process, their_region.ipc) {
+            (true, _) => PeerRegion::Shared(
+                Region::lookup(their_region.token)
+                    .ok_or_else(|| link_err("the peer's region is gone".into()))?,
+            ),
+            (false, Some(handle)) => PeerRegion::open(&gpu, handle)?,
+            (false, None) => {
+                return Err(link_err(
+                    "a peer in another process sent no IPC handle".into(),
+                ));
+            }
+        };
+        socket.set_read_timeout(None).map_err(|e| io("socket", e))?;
+        socket
+            .set_write_timeout(Some(config.write_timeout))
+            .map_err(|e| io("socket", e))?;
+
+        let core = Arc::new(LinkCore {
+            device: device.clone(),
+            me,
+            peer,
+            send_stream,
+            recv_stream,
+            words: MappedHost::new(&gpu, 256)?,
+            own,
+            theirs,
+            slot_bytes: config.slot_bytes as u64,
+            slots: config.slots as u64,
+            socket,
+            tx: Mutex::new(0),
+            rx_seq: AtomicU64::new(0),
+            mailbox: Mutex::new(Mailbox::default()),
+            cancelled: OnceLock::new(),
+            failure: OnceLock::new(),
+            reader_done: (Mutex::new(false), Condvar::new()),
+            frozen: AtomicBool::new(false),
+            config: config.clone(),
+        });
+        let weak = Arc::downgrade(&core);
+        device.attach(weak);
+        let reader_core = core.clone();
+        let reader = std::thread::Builder::new()
+            .name(format!("chorus-cuda-{me}-{peer}"))
+            .spawn(move || reader_core.read_loop())
+            .map_err(|e| link_err(format!("cannot start the reader thread: {e}")))?;
+        Ok(DeviceLink {
+            core,
+            reader: Some(reader),
+        })
+    }
+
+    /// The rank at this end.
+    pub fn rank(&self) -> Rank {
+        self.core.me
+    }
+
+    /// Stop taking messages out of the peer's slots, as a frozen process would (tests and
+    /// the device check use it to leave the peer's waits with nobody to release them).
+    #[doc(hidden)]
+    pub fn freeze_for_test(&self) {
+        self.core.frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// Wait (at most `timeout`) until this link's streams have run what is queued on them.
+    pub fn flush(&self, timeout: Duration) -> Result<(), CudaError> {
+        sync::drain(
+            &[&self.core.send_stream, &self.core.recv_stream],
+            timeout,
+            &format!("device link {} to {}", self.core.me, self.core.peer),
+        )
+    }
+
+    /// Messages this end retired by abort, last seen on the send and receive side (0: none).
+    pub fn retired(&self) -> (u64, u64) {
+        (
+            self.core.words.load_u64(RETIRED_SEND),
+            self.core.words.load_u64(RETIRED_RECV),
+        )
+    }
+}
+
+impl Link<GpuPayload> for DeviceLink {
+    fn peer(&self) -> Rank {
+        self.core.peer
+    }
+
+    fn send(&self, tag: Tag, payload: GpuPayload) -> LinkFuture<'_, ()> {
+        let r = self.core.send(tag, payload);
+        Box::pin(std::future::ready(r))
+    }
+
+    fn recv(&self, tag: Tag) -> LinkFuture<'_, GpuPayload> {
+        Box::pin(Recv {
+            core: &self.core,
+            tag,
+        })
+    }
+
+    fn cancel(&self, reason: CancelReason) {
+        self.core.cancel(reason);
+    }
+}
+
+impl LinkCore {
+    fn abort_word_set(&self) -> bool {
+        self.words.load_u32(ABORT) != 0
+    }
+
+    fn set_abort(&self) {
+        self.words.store_u32(ABORT, 1);
+    }
+
+    /// Fail the link for good: later operations report `err`, device waits retire.
+    fn fail(&self, err: LinkError) {
+        let _ = self.failure.set(err.clone());
+        self.set_abort();
+        let _ = self.socket.shutdown(Shutdown::Both);
+        self.close_mailbox(err);
+    }
+
+    fn close_mailbox(&self, err: LinkError) {
+        let wakers = {
+            let mut m = self.mailbox.lock().unwrap_or_else(|p| p.into_inner());
+            if m.closed.is_none() {
+                m.closed = Some(err);
+            }
+            std::mem::take(&mut m.wakers)
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    fn unusable(&self) -> Option<LinkError> {
+        if let Some(r) = self.cancelled.get() {
+            return Some(LinkError::Cancelled(r.clone()));
+        }
+        if let Some(e) = self.failure.get() {
+            return Some(e.clone());
+        }
+        self.mailbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .closed
+            .clone()
+    }
+
+    fn send(&self, tag: Tag, payload: GpuPayload) -> Result<(), LinkError> {
+        if let Some(e) = self.unusable() {
+            return Err(e);
+        }
+        let mut seq = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let (ptr, len, ready) = payload.take();
+        let queued = self.queue_send(&mut seq, ptr, len as u64, ready.as_ref());
+        if ptr != 0 {
+            // Free behind the copies on the send stream (which waited for the payload).
+            // SAFETY: allocated by cuMemAllocAsync, freed once, every use ordered before.
+            if let Err(e) = unsafe { result::free_async(ptr, self.send_stream.cu_stream()) } {
+                tracing::warn!(error = ?e, "freeing a sent payload failed");
+            }
+        }
+        if let Err(e) = queued {
+            let err = LinkError::ConnectionLost {
+                detail: format!("queueing a send failed: {e}"),
+            };
+            self.fail(err.clone());
+            return Err(err);
+        }
+        if let Err(e) = (Frame::Sent {
+            tag,
+            len: len as u64,
+        })
+        .write_to(&mut &self.socket)
+        {
+            let err = LinkError::ConnectionLost {
+                detail: format!("telling the peer about a send: {e}"),
+            };
+            self.fail(err.clone());
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    fn queue_send(
+        &self,
+        seq: &mut u64,
+        ptr: u64,
+        len: u64,
+        ready: Option<&cudarc::driver::CudaEvent>,
+    ) -> Result<(), CudaError> {
+        let k = &self.device.gpu().kernels;
+        let s = &*self.send_stream;
+        self.device.gpu().bind()?;
+        if let Some(ev) = ready {
+            s.wait(ev)
+                .map_err(|e| CudaError::driver("cuStreamWaitEvent", e))?;
+        }
+        let mut done = 0u64;
+        while done < len {
+            let part = (len - done).min(self.slot_bytes);
+            let n = *seq;
+            if n >= self.slots {
+                k.wait(
+                    s,
+                    self.theirs.ptr() + CONSUMED,
+                    n + 1 - self.slots,
+                    self.words.device_ptr(ABORT),
+                    self.words.device_ptr(RETIRED_SEND),
+                    n + 1,
+                )?;
+            }
+            let slot = self.own.ptr + SLOTS + (n % self.slots) * self.slot_bytes;
+            k.copy(s, slot, ptr + done, part)?;
+            k.signal(s, self.own.ptr + READY, n + 1)?;
+            *seq = n + 1;
+            done += part;
+        }
+        Ok(())
+    }
+
+    /// Queue taking a `len`-byte message out of the peer's slots; the payload's event marks
+    /// when its bytes are there.
+    fn queue_receive(&self, len: u64) -> Result<GpuPayload, CudaError> {
+        let gpu = self.device.gpu();
+        let k = &gpu.kernels;
+        let s = &*self.recv_stream;
+        gpu.bind()?;
+        let ptr = if len == 0 {
+            0
+        } else {
+            // SAFETY: an allocation on the receive stream, used there and then by streams
+            // that wait for the payload's event; freed once by the payload.
+            unsafe { result::malloc_async(s.cu_stream(), len as usize) }.map_err(|e| {
+                CudaError::OutOfMemory {
+                    bytes: len as usize,
+                    detail: format!("cuMemAllocAsync: {e:?}"),
+                }
+            })?
+        };
+        let mut payload = GpuPayload {
+            ptr,
+            len: len as usize,
+            ready: None,
+            device: self.device.inner.clone(),
+        };
+        let mut done = 0u64;
+        while done < len {
+            let part = (len - done).min(self.slot_bytes);
+            let n = self.rx_seq.load(Ordering::Relaxed);
+            k.wait(
+                s,
+                self.theirs.ptr() + READY,
+                n + 1,
+                self.words.device_ptr(ABORT),
+                self.words.device_ptr(RETIRED_RECV),
+                n + 1,
+            )?;
+            let slot = self.theirs.ptr() + SLOTS + (n % self.slots) * self.slot_bytes;
+            k.copy(s, ptr + done, slot, part)?;
+            k.signal(s, self.own.ptr + CONSUMED, n + 1)?;
+            self.rx_seq.store(n + 1, Ordering::Relaxed);
+            done += part;
+        }
+        payload.ready = Some(sync::mark(s)?);
+        Ok(payload)
+    }
+
+    fn read_loop(self: Arc<Self>) {
+        self.read_frames();
+        let (lock, cv) = &self.reader_done;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        cv.notify_all();
+    }
+
+    fn read_frames(&self) {
+        loop {
+            let frame = Frame::read_from(&mut &self.socket);
+            if self.cancelled.get().is_some() {
+                return;
+            }
+            while self.frozen.load(Ordering::SeqCst) && !self.abort_word_set() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if self.cancelled.get().is_some() || self.frozen.load(Ordering::SeqCst) {
+                return;
+            }
+            match frame {
+                Ok(Some(Frame::Sent { tag, len })) => {
+                    let held = self
+                        .mailbox
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .held_bytes;
+                    if held.saturating_add(len) > self.config.max_held_bytes {
+                        self.fail(LinkError::Overflow {
+                            bytes: held.saturating_add(len),
+                            limit: self.config.max_held_bytes,
+                        });
+                        return;
+                    }
+                    match self.queue_receive(len) {
+                        Ok(payload) => {
+                            let wakers = {
+                                let mut m = self.mailbox.lock().unwrap_or_else(|p| p.into_inner());
+                                m.held_bytes += len;
+                                m.held.push_back((tag, payload));
+                                std::mem::take(&mut m.wakers)
+                            };
+                            wakers.into_iter().for_each(Waker::wake);
+                        }
+                        Err(e) => {
+                            self.fail(LinkError::ConnectionLost {
+                                detail: format!("queueing a receive failed: {e}"),
+                            });
+                            return;
+                        }
+                    }
+                }
+                Ok(Some(Frame::Depart { code, detail })) => {
+                    let err = LinkError::PeerDeparted { code, detail };
+                    if code != CloseCode::NORMAL {
+                        let _ = self.failure.set(err.clone());
+                    }
+                    // Waits for messages the peer announced are already satisfied (it drained
+                    // before departing); any later wait on it must not spin.
+                    self.set_abort();
+                    self.close_mailbox(err);
+                    return;
+                }
+                Ok(None) => {
+                    self.fail(LinkError::ConnectionLost {
+                        detail: "the peer closed its socket without departing".into(),
+                    });
+                    return;
+                }
+                Ok(Some(other)) => {
+                    let _ = (&self.socket).write_all(
+                        &Frame::Depart {
+                            code: CloseCode::PROTOCOL_VIOLATION,
+                            detail: "unexpected frame".into(),
+                        }
+                        .encode(),
+                    );
+                    self.fail(LinkError::Protocol {
+                        code: CloseCode::PROTOCOL_VIOLATION,
+                        detail: format!("unexpected frame after the handshake: {other:?}"),
+                    });
+                    return;
+                }
+                Err(e) => {
+                    self.fail(LinkError::Protocol {
+                        code: CloseCode::PROTOCOL_VIOLATION,
+                        detail: e.to_string(),
+                    });
+                    return;
+                }
+            }
+        }
+    }
+
+    fn cancel(&self, reason: CancelReason) {
+        if self.cancelled.set(reason.clone()).is_err() {
+            return;
+        }
+        // First, so kernels waiting on the peer return while the rest happens.
+        self.set_abort();
+        // Best effort and never blocking: if a send holds the socket, the peer sees the
+        // shutdown instead of the departure frame.
+        if let Ok(_guard) = self.tx.try_lock() {
+            let _ = self
+                .socket
+                .set_write_timeout(Some(Duration::from_millis(100)));
+            let _ = (Frame::Depart {
+                code: reason.code,
+                detail: reason.detail.to_string(),
+            })
+            .write_to(&mut &self.socket);
+        }
+        let _ = self.socket.shutdown(Shutdown::Both);
+        self.close_mailbox(LinkError::Cancelled(reason));
+    }
+
+    fn drain(&self, timeout: Duration) -> Result<(), CudaError> {
+        sync::drain(
+            &[&self.send_stream, &self.recv_stream],
+            timeout,
+            &format!("device link {} to {}", self.me, self.peer),
+        )
+    }
+}
+
+impl Attached for LinkCore {
+    fn streams(&self) -> Vec<Arc<CudaStream>> {
+        vec![self.send_stream.clone(), self.recv_stream.clone()]
+    }
+
+    fn failed(&self) -> Option<(Rank, String)> {
+        if let Some(r) = self.cancelled.get() {
+            return Some((self.peer, format!("link cancelled: {r}")));
+        }
+        self.failure.get().map(|e| (self.peer, e.to_string()))
+    }
+}
+
+/// `recv`'s future: resolves when the reader thread has filed a payload with the tag's
+/// `(op, step)`, or the link can deliver no more.
+struct Recv<'a> {
+    core: &'a LinkCore,
+    tag: Tag,
+}
+
+impl Future for Recv<'_> {
+    type Output = Result<GpuPayload, LinkError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let core = self.core;
+        if let Some(r) = core.cancelled.get() {
+            return Poll::Ready(Err(LinkError::Cancelled(r.clone())));
+        }
+        let mut m = core.mailbox.lock().unwrap_or_else(|p| p.into_inner());
+        let want = self.tag;
+        let at = m
+            .held
+            .iter()
+            .position(|(t, _)| t.op == want.op && t.step == want.step);
+        if let Some(i) = at
+            && let Some((got, payload)) = m.held.remove(i)
+        {
+            {
+                m.held_bytes -= payload.len as u64;
+                return Poll::Ready(if got == want {
+                    Ok(payload)
+                } else {
+                    Err(LinkError::TagMismatch {
+                        expected: want,
+                        got,
+                    })
+                });
+            }
+        }
+        if let Some(e) = &m.closed {
+            return Poll::Ready(Err(e.clone()));
+        }
+        if let Some(e) = core.failure.get() {
+            return Poll::Ready(Err(e.clone()));
+        }
+        m.wakers.push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for DeviceLink {
+    fn drop(&mut self) {
+        let core = &self.core;
+        let t = core.config.teardown_timeout;
+        let healthy = core.cancelled.get().is_none() && core.failure.get().is_none();
+        let mut drained = core.drain(t);
+        if drained.is_err() {
+            // Something on our streams waits for a peer that is not coming: retire it.
+            core.set_abort();
+            drained = core.drain(t);
+        }
+        if healthy
+            && !core.abort_word_set()
+            && let Ok(_seq) = core.tx.lock()
+        {
+            let _ = (Frame::Depart {
+                code: CloseCode::NORMAL,
+                detail: "link closed".into(),
+            })
+            .write_to(&mut &core.socket);
+        }
+        // A peer in another process reads our region until it has drained its own streams,
+        // which its departure (or its death) tells us.
+        if matches!(core.theirs, PeerRegion::Mapped { .. }) {
+            let (lock, cv) = &core.reader_done;
+            let done = lock.lock().unwrap_or_else(|p| p.into_inner());
+            let (done, _) = cv
+                .wait_timeout_while(done, t, |d| !*d)
+                .unwrap_or_else(|p| p.into_inner());
+            if !*done {
+                tracing::warn!(peer = %core.peer, "peer did not depart in time; leaking the link's region");
+                std::mem::forget(core.own.clone());
+            }
+        }
+        core.set_abort();
+        let _ = core.socket.shutdown(Shutdown::Both);
+        if let Some(reader) = self.reader.take() {
+            // The shutdown ends the reader's read; join only if it has finished, so a
+            // reader stuck in a driver call cannot hold the drop.
+            let (lock, cv) = &core.reader_done;
+            let done = lock.lock().unwrap_or_else(|p| p.into_inner());
+            let (done, _) = cv
+                .wait_timeout_while(done, t, |d| !*d)
+                .unwrap_or_else(|p| p.into_inner());
+            if *done {
+                let _ = reader.join();
+            }
+        }
+        if let Err(e) = drained {
+            // Kernels may still touch this link's memory: keep all of it.
+            tracing::warn!(error = %e, "device link streams did not drain; leaking the link");
+            std::mem::forget(self.core.clone());
+        }
+    }
+}
+
+/// Read one handshake frame, failing at `deadline`.
+fn read_before(socket: &UnixStream, deadline: Instant) -> Result<Frame, String> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err("handshake timed out".into());
+    }
+    socket
+        .set_read_timeout(Some(left))
+        .map_err(|e| format!("socket: {e}"))?;
+    match Frame::read_from(&mut &*socket) {
+        Ok(Some(f)) => Ok(f),
+        Ok(None) => Err("the peer closed the socket during the handshake".into()),
+        Err(e) => Err(format!("handshake: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_geometry_is_checked() {
+        let ok = LinkConfig::default();
+        assert!(ok.check().is_ok());
+        assert_eq!(ok.region_bytes(), 256 + 4 * (8 << 20));
+        let bad = LinkConfig {
+            slot_bytes: 1000,
+            ..LinkConfig::default()
+        };
+        assert!(matches!(bad.check(), Err(CudaError::Invalid(_))));
+        let none = LinkConfig {
+            slots: 0,
+            ..LinkConfig::default()
+        };
+        assert!(matches!(none.check(), Err(CudaError::Invalid(_))));
+    }
+
+    #[test]
+    fn a_silent_peer_fails_the_handshake_in_time() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let start = Instant::now();
+        let err = read_before(&a, Instant::now() + Duration::from_millis(50)).unwrap_err();
+        assert!(err.contains("handshake"), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_peer_that_hangs_up_during_the_handshake_is_named() {
+        let (a, b) = UnixStream::pair().unwrap();
+        drop(b);
+        let err = read_before(&a, Instant::now() + Duration::from_secs(5)).unwrap_err();
+        assert!(err.contains("closed"), "{err}");
+    }
+}

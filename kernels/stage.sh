@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Build the chorus-cuda GPU test and benchmark binaries HERE (the development machine) and
+# put them in target/device/, for a device machine that has no Rust toolchain and no network.
+#
+#   bash kernels/stage.sh
+#   then, with the device tool: run(command="bash kernels/check.sh", carry=["target/device"])
+#
+# The binaries need glibc >= this machine's (Debian 12: 2.36); the device image is newer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest=target/device
+rm -rf "$dest"
+mkdir -p "$dest"
+say() { printf 'stage: %s\n' "$*"; }
+
+say "building tests and the benchmark (release)"
+json=$(timeout 1800 cargo test -p chorus-cuda --release --no-run --message-format=json 2>/dev/null)
+timeout 1800 cargo build -p chorus-cuda --release --example gpu_bench
+for t in chorus_cuda gpu; do
+  exe=$(printf '%s\n' "$json" | grep '"executable":"' | grep "\"name\":\"$t\"" |
+        sed 's/.*"executable":"\([^"]*\)".*/\1/' | tail -1)
+  if [[ -z "$exe" || ! -x "$exe" ]]; then
+    say "cannot find the test binary for $t"; exit 1
+  fi
+  cp "$exe" "$dest/test-$t"
+done
+cp target/release/examples/gpu_bench "$dest/gpu_bench"
+strip "$dest"/* 2>/dev/null || true
+say "staged: $(cd "$dest" && ls | tr '\n' ' ')($(du -sh "$dest" | cut -f1))"

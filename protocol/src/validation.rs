@@ -1,0 +1,386 @@
+//! Semantic validity rules of each message body (SPEC.md, "Messages"): the bounds and
+//! orderings bytecheck cannot see. A decoded body that breaks one of them closes the
+//! connection with `protocol-violation`; the encoder refuses to produce one.
+
+use std::fmt;
+
+use crate::dtype::{Collective, DType};
+use crate::ids::Rank;
+use crate::limits::{Limits, MAX_ALGORITHM, MAX_ASYNC_ERROR, MAX_DETAIL, MAX_HOST};
+use crate::message::{
+    Accept, Chunk, ChunkHeader, Commit, Depart, Evidence, Hello, HelloAck, Join, Message, Notice,
+    PeerInfo, Promise, Proposal, Propose, Reject, Revoke, StatusReply, Verdict, Welcome,
+};
+
+/// The rule a message breaks.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum Invalid {
+    #[error("{field} is {len} bytes, at most {max} allowed")]
+    TooLong {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("{field} has {len} entries, at most {max} allowed")]
+    TooMany {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("{field} is empty")]
+    Empty { field: &'static str },
+    #[error("members[{index}] has rank {rank}, expected r{index}")]
+    RankOutOfPlace { index: usize, rank: Rank },
+    #[error("{field} is not strictly ascending at index {index}")]
+    NotAscending { field: &'static str, index: usize },
+    #[error("{field} is {rank}, which no member can be")]
+    BadRank { field: &'static str, rank: Rank },
+    #[error("version range {min}..={max} is empty or starts at 0")]
+    BadVersionRange { min: u16, max: u16 },
+    #[error("version 0 does not exist")]
+    ZeroVersion,
+    #[error("join for world {world} names {rank}")]
+    JoinRank { world: u32, rank: Rank },
+    #[error("notice about its own origin {rank}")]
+    SelfNotice { rank: Rank },
+    #[error("verdict {verdict:?} with evidence {evidence}")]
+    VerdictEvidence {
+        verdict: Verdict,
+        evidence: &'static str,
+    },
+    #[error("unknown collective code {0}")]
+    UnknownCollective(u8),
+    #[error("unknown dtype code {0}")]
+    UnknownDType(u8),
+    #[error("{field} {value} is not a multiple of the {dtype} element size")]
+    Misaligned {
+        field: &'static str,
+        value: u64,
+        dtype: DType,
+    },
+    #[error("chunk offset {offset} + length {len} overflows")]
+    ChunkOverflow { offset: u64, len: u64 },
+    #[error("chunk header reserved bytes are not zero")]
+    ChunkReserved,
+    #[error("{0}")]
+    RoleRule(&'static str),
+}
+
+/// A body whose validity rules can be checked.
+pub(crate) trait Validate {
+    fn validate(&self, limits: &Limits) -> Result<(), Invalid>;
+}
+
+impl Message {
+    /// Checks the message against SPEC.md's rules for its kind under `limits`.
+    pub fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        match self {
+            Message::Hello(m) => m.validate(limits),
+            Message::HelloAck(m) => m.validate(limits),
+            Message::Reject(m) => m.validate(limits),
+            Message::Join(m) => m.validate(limits),
+            Message::Welcome(m) => m.validate(limits),
+            Message::Heartbeat(_) => Ok(()),
+            Message::Depart(m) => m.validate(limits),
+            Message::Notice(m) => m.validate(limits),
+            Message::Revoke(m) => m.validate(limits),
+            Message::Prepare(m) => ballot_coordinator(m.ballot.coordinator),
+            Message::Promise(m) => m.validate(limits),
+            Message::Propose(m) => m.validate(limits),
+            Message::Accept(m) => m.validate(limits),
+            Message::Commit(m) => m.validate(limits),
+            Message::Chunk(m) => m.validate(limits),
+            Message::StatusRequest(_) => Ok(()),
+            Message::StatusReply(m) => m.validate(limits),
+        }
+    }
+}
+
+impl Validate for Hello {
+    fn validate(&self, _: &Limits) -> Result<(), Invalid> {
+        if self.version_min == 0 || self.version_min > self.version_max {
+            return Err(Invalid::BadVersionRange {
+                min: self.version_min,
+                max: self.version_max,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Validate for HelloAck {
+    fn validate(&self, _: &Limits) -> Result<(), Invalid> {
+        if self.version == 0 {
+            return Err(Invalid::ZeroVersion);
+        }
+        Ok(())
+    }
+}
+
+impl Validate for Reject {
+    fn validate(&self, _: &Limits) -> Result<(), Invalid> {
+        max_len("detail", self.detail.len(), MAX_DETAIL)
+    }
+}
+
+impl Validate for Depart {
+    fn validate(&self, _: &Limits) -> Result<(), Invalid> {
+        max_len("detail", self.detail.len(), MAX_DETAIL)
+    }
+}
+
+impl Validate for PeerInfo {
+    fn validate(&self, _: &Limits) -> Result<(), Invalid> {
+        max_len("host", self.host.len(), MAX_HOST)
+    }
+}
+
+impl Validate for Join {
+    fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        self.peer.validate(limits)?;
+        max_count("world", self.world as usize, limits.max_members)?;
+        // A bootstrap join names a rank of the world it was started with; a grow joiner
+        // (world 0) has no rank until a commit assigns one.
+        let ok = if self.world == 0 {
+            self.peer.rank == Rank::NONE
+        } else {
+            self.peer.rank.0 < self.world
+        };
+        if !ok {
+            return Err(Invalid::JoinRank {
+                world: self.world,
+                rank: self.peer.rank,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Validate for Welcome {
+    fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        table(&self.members, limits)
+    }
+}
+
+impl Validate for Notice {
+    fn validate(&self, _: &Limits) -> Result<(), Invalid> {
+        if self.subject == Rank::NONE {
+            return Err(Invalid::BadRank {
+                field: "subject",
+                rank: self.subject,
+            });
+        }
+        if self.origin == self.subject {
+            return Err(Invalid::SelfNotice { rank: self.origin });
+        }
+        let evidence = evidence_name(&self.evidence);
+        let consistent = match (self.verdict, self.evidence) {
+            // Only a launcher (no rank) may witness, and a witness is all it may send.
+            (_, Evidence::LauncherWitness { .. }) => self.verdict == Verdict::Dead,
+            _ if self.origin == Rank::NONE => false,
+            (Verdict::Departed, Evidence::Departed { .. }) => true,
+            (Verdict::Departed, _) | (_, Evidence::Departed { .. }) => false,
+            (Verdict::Suspect, Evidence::MissedDeadline { .. })
+            | (Verdict::Suspect, Evidence::ConnectionLost { .. }) => true,
+            (Verdict::Suspect, _) => false,
+            (Verdict::Dead, _) => true,
+        };
+        if !consistent {
+            return Err(Invalid::VerdictEvidence {
+                verdict: self.verdict,
+                evidence,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Validate for Revoke {
+    fn validate(&self, _: &Limits) -> Result<(), Invalid> {
+        if self.origin == Rank::NONE {
+            return Err(Invalid::BadRank {
+                field: "origin",
+                rank: self.origin,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Validate for Proposal {
+    fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        ascending("removed", &self.removed, limits)?;
+        table(&self.members, limits)
+    }
+}
+
+impl Validate for Promise {
+    fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        ballot_coordinator(self.ballot.coordinator)?;
+        if let Some((ballot, proposal)) = &self.accepted {
+            ballot_coordinator(ballot.coordinator)?;
+            proposal.validate(limits)?;
+        }
+        ascending("absent", &self.absent, limits)
+    }
+}
+
+impl Validate for Propose {
+    fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        ballot_coordinator(self.ballot.coordinator)?;
+        self.proposal.validate(limits)
+    }
+}
+
+impl Validate for Accept {
+    fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        ballot_coordinator(self.ballot.coordinator)?;
+        ascending("absent", &self.absent, limits)
+    }
+}
+
+impl Validate for Commit {
+    fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        ballot_coordinator(self.ballot.coordinator)?;
+        self.proposal.validate(limits)
+    }
+}
+
+impl Validate for Chunk {
+    fn validate(&self, _: &Limits) -> Result<(), Invalid> {
+        validate_chunk_header(&self.header, self.payload.len() as u64)
+    }
+}
+
+/// The rules of a chunk header for a payload of `len` bytes (shared by the decoder, which
+/// checks before it splits the payload off, and the zero-copy encoder).
+pub(crate) fn validate_chunk_header(h: &ChunkHeader, len: u64) -> Result<(), Invalid> {
+    Collective::from_code(h.collective).ok_or(Invalid::UnknownCollective(h.collective))?;
+    let dtype = DType::from_code(h.dtype).ok_or(Invalid::UnknownDType(h.dtype))?;
+    let size = dtype.size() as u64;
+    if !h.offset.is_multiple_of(size) {
+        return Err(Invalid::Misaligned {
+            field: "offset",
+            value: h.offset,
+            dtype,
+        });
+    }
+    if !len.is_multiple_of(size) {
+        return Err(Invalid::Misaligned {
+            field: "payload length",
+            value: len,
+            dtype,
+        });
+    }
+    if h.offset.checked_add(len).is_none() {
+        return Err(Invalid::ChunkOverflow {
+            offset: h.offset,
+            len,
+        });
+    }
+    Ok(())
+}
+
+impl Validate for StatusReply {
+    fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        max_count("peers", self.peers.len(), limits.max_members)?;
+        max_count("ops", self.ops.len(), limits.max_ops)?;
+        for op in &self.ops {
+            max_len("algorithm", op.algorithm.len(), MAX_ALGORITHM)?;
+            Collective::from_code(op.collective)
+                .ok_or(Invalid::UnknownCollective(op.collective))?;
+        }
+        if let Some(e) = &self.async_error {
+            max_len("async_error", e.len(), MAX_ASYNC_ERROR)?;
+        }
+        if !self.members.is_empty() {
+            table(&self.members, limits)?;
+        }
+        Ok(())
+    }
+}
+
+/// A peer table: non-empty, bounded, `members[i].rank == i`, every entry valid.
+fn table(members: &[PeerInfo], limits: &Limits) -> Result<(), Invalid> {
+    if members.is_empty() {
+        return Err(Invalid::Empty { field: "members" });
+    }
+    max_count("members", members.len(), limits.max_members)?;
+    for (index, m) in members.iter().enumerate() {
+        if m.rank.index() != index {
+            return Err(Invalid::RankOutOfPlace {
+                index,
+                rank: m.rank,
+            });
+        }
+        m.validate(limits)?;
+    }
+    Ok(())
+}
+
+/// A rank set: bounded, strictly ascending (so duplicates are impossible), no `NONE`.
+fn ascending(field: &'static str, ranks: &[Rank], limits: &Limits) -> Result<(), Invalid> {
+    max_count(field, ranks.len(), limits.max_members)?;
+    for (index, pair) in ranks.windows(2).enumerate() {
+        if pair[0] >= pair[1] {
+            return Err(Invalid::NotAscending {
+                field,
+                index: index + 1,
+            });
+        }
+    }
+    if let Some(&last) = ranks.last()
+        && last == Rank::NONE
+    {
+        return Err(Invalid::BadRank { field, rank: last });
+    }
+    Ok(())
+}
+
+fn ballot_coordinator(rank: Rank) -> Result<(), Invalid> {
+    if rank == Rank::NONE {
+        return Err(Invalid::BadRank {
+            field: "ballot coordinator",
+            rank,
+        });
+    }
+    Ok(())
+}
+
+fn max_len(field: &'static str, len: usize, max: usize) -> Result<(), Invalid> {
+    if len > max {
+        return Err(Invalid::TooLong { field, len, max });
+    }
+    Ok(())
+}
+
+fn max_count(field: &'static str, len: usize, max: u32) -> Result<(), Invalid> {
+    if len > max as usize {
+        return Err(Invalid::TooMany {
+            field,
+            len,
+            max: max as usize,
+        });
+    }
+    Ok(())
+}
+
+fn evidence_name(e: &Evidence) -> &'static str {
+    match e {
+        Evidence::Departed { .. } => "departed",
+        Evidence::ConnectionLost { .. } => "connection-lost",
+        Evidence::MissedDeadline { .. } => "missed-deadline",
+        Evidence::ProcessExited { .. } => "process-exited",
+        Evidence::LauncherWitness { .. } => "launcher-witness",
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Verdict::Suspect => "suspect",
+            Verdict::Dead => "dead",
+            Verdict::Departed => "departed",
+        })
+    }
+}
