@@ -18,7 +18,9 @@ use std::fmt;
 use chorus_protocol::Rank;
 use sha2::{Digest, Sha256};
 
-use crate::unique_id::{JobSecret, UniqueId};
+use chorus_protocol::JobSecret;
+
+use crate::unique_id::{UniqueId, secret_from_hex};
 
 /// The largest world this version accepts from an environment variable.
 pub const MAX_WORLD: u32 = 1 << 20;
@@ -242,7 +244,7 @@ fn root(env: &Env<'_>, source: LaunchSource) -> Result<RootSpec, LaunchError> {
     };
     let (secret, secret_derived) = match env.get("CHORUS_SECRET") {
         Some(hex) => (
-            JobSecret::from_hex(&hex).map_err(|reason| LaunchError::Invalid {
+            secret_from_hex(&hex).map_err(|reason| LaunchError::Invalid {
                 var: "CHORUS_SECRET",
                 value: "<redacted>".into(),
                 reason,
@@ -275,7 +277,7 @@ fn derived_secret(env: &Env<'_>, host: &str, port: u16) -> JobSecret {
         h.update(env.get(var).unwrap_or_default().as_bytes());
         h.update([0]);
     }
-    JobSecret(h.finalize().into())
+    JobSecret::new(h.finalize().into())
 }
 
 fn host_port(var: &'static str, value: &str) -> Result<(String, u16), LaunchError> {
@@ -371,7 +373,7 @@ mod tests {
             comm: chorus_protocol::CommId(5),
             root: "127.0.0.1:4000".parse().unwrap(),
             fingerprint: [1; 32],
-            secret: JobSecret([2; 32]),
+            secret: JobSecret::new([2; 32]),
         };
         let token = id.to_token();
         let l = detect_from(&[
@@ -432,7 +434,7 @@ mod tests {
             panic!()
         };
         assert_eq!((host.as_str(), port, secret_derived), ("::1", 7000, false));
-        assert_eq!(secret, JobSecret([0; 32]));
+        assert_eq!(secret, JobSecret::new([0; 32]));
     }
 
     #[test]

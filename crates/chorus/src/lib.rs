@@ -14,7 +14,8 @@ pub mod signal;
 pub mod unique_id;
 pub mod watch;
 
+pub use chorus_protocol::JobSecret;
 pub use config::{Config, ConfigError, TransportChoice};
 pub use error::{Error, ErrorKind, Result};
 pub use launch::{Launch, LaunchError, LaunchSource, RootSpec};
-pub use unique_id::{JobSecret, UniqueId};
+pub use unique_id::UniqueId;

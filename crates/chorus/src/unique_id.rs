@@ -11,49 +11,37 @@ use std::str::FromStr;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use chorus_protocol::CommId;
+use chorus_protocol::{CommId, JobSecret};
 use sha2::{Digest, Sha256};
 
 const PREFIX: &str = "chorus1-";
 const BODY_LEN: usize = 8 + 16 + 2 + 32 + 32;
 const CHECK_LEN: usize = 4;
 
-/// The 32-byte secret every member of a job proves in its handshakes.
-#[derive(Clone, PartialEq, Eq)]
-pub struct JobSecret(pub [u8; 32]);
-
-impl JobSecret {
-    /// A fresh secret from the operating system's random source.
-    pub fn random() -> Self {
-        JobSecret(rand::random())
-    }
-
-    /// The secret from 64 hexadecimal digits (`CHORUS_SECRET`).
-    pub fn from_hex(s: &str) -> Result<Self, String> {
-        let bytes = hex::decode(s.trim()).map_err(|e| format!("not hexadecimal ({e})"))?;
-        let bytes: [u8; 32] = bytes
-            .try_into()
-            .map_err(|b: Vec<u8>| format!("{} bytes, expected 32", b.len()))?;
-        Ok(JobSecret(bytes))
-    }
-
-    /// The communicator id of a job's first communicator when only the secret is shared
-    /// (a launch environment without a token): every rank derives the same one.
-    pub fn derived_comm(&self) -> CommId {
-        let digest = Sha256::new()
-            .chain_update(b"chorus comm id\0")
-            .chain_update(self.0)
-            .finalize();
-        let mut id = [0u8; 8];
-        id.copy_from_slice(&digest[..8]);
-        CommId(u64::from_le_bytes(id))
-    }
+/// A fresh job secret from the operating system's random source.
+pub fn random_secret() -> JobSecret {
+    JobSecret::new(rand::random())
 }
 
-impl fmt::Debug for JobSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("JobSecret(<redacted>)")
-    }
+/// The job secret from 64 hexadecimal digits (`CHORUS_SECRET`).
+pub fn secret_from_hex(s: &str) -> Result<JobSecret, String> {
+    let bytes = hex::decode(s.trim()).map_err(|e| format!("not hexadecimal ({e})"))?;
+    let bytes: [u8; 32] = bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| format!("{} bytes, expected 32", b.len()))?;
+    Ok(JobSecret::new(bytes))
+}
+
+/// The communicator id of a job's first communicator when only the secret is shared (a
+/// launch environment without a token): every rank derives the same one.
+pub fn derived_comm(secret: &JobSecret) -> CommId {
+    let digest = Sha256::new()
+        .chain_update(b"chorus comm id\0")
+        .chain_update(secret.to_bytes())
+        .finalize();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&digest[..8]);
+    CommId(u64::from_le_bytes(id))
 }
 
 /// Where the bootstrap root listens, whom to trust, and how to prove membership.
@@ -105,7 +93,7 @@ impl UniqueId {
         bytes.extend_from_slice(&ip.octets());
         bytes.extend_from_slice(&self.root.port().to_le_bytes());
         bytes.extend_from_slice(&self.fingerprint);
-        bytes.extend_from_slice(&self.secret.0);
+        bytes.extend_from_slice(&self.secret.to_bytes());
         let check = checksum(&bytes);
         bytes.extend_from_slice(&check);
         format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))
@@ -135,7 +123,7 @@ impl UniqueId {
         let ip = Ipv6Addr::from(r.take::<16>());
         let port = u16::from_le_bytes(r.take());
         let fingerprint = r.take();
-        let secret = JobSecret(r.take());
+        let secret = JobSecret::new(r.take());
         if port == 0 {
             return Err(TokenError::Port);
         }
@@ -196,7 +184,7 @@ mod tests {
             comm: CommId(0x0123_4567_89ab_cdef),
             root: root.parse().unwrap(),
             fingerprint: [7; 32],
-            secret: JobSecret([9; 32]),
+            secret: JobSecret::new([9; 32]),
         }
     }
 
@@ -218,7 +206,7 @@ mod tests {
     #[test]
     fn debug_hides_the_secret() {
         let shown = format!("{:?}", sample("127.0.0.1:1"));
-        assert!(shown.contains("redacted"));
+        assert!(shown.contains("JobSecret(..)"));
         assert!(!shown.contains("9, 9"));
     }
 
@@ -251,16 +239,14 @@ mod tests {
     }
 
     #[test]
-    fn secret_from_hex() {
-        let s = JobSecret::from_hex(&"ab".repeat(32)).unwrap();
-        assert_eq!(s.0, [0xab; 32]);
-        assert!(JobSecret::from_hex("abc").is_err());
-        assert!(
-            JobSecret::from_hex(&"ab".repeat(31))
-                .unwrap_err()
-                .contains("31 bytes")
-        );
-        assert_eq!(s.derived_comm(), JobSecret([0xab; 32]).derived_comm());
-        assert_ne!(s.derived_comm(), JobSecret([0xac; 32]).derived_comm());
+    fn secrets_from_hex() {
+        let s = secret_from_hex(&"ab".repeat(32)).unwrap();
+        assert_eq!(s.to_bytes(), [0xab; 32]);
+        assert!(secret_from_hex("abc").is_err());
+        let short = secret_from_hex(&"ab".repeat(31)).unwrap_err();
+        assert!(short.contains("31 bytes"), "{short}");
+        assert_eq!(derived_comm(&s), derived_comm(&JobSecret::new([0xab; 32])));
+        assert_ne!(derived_comm(&s), derived_comm(&JobSecret::new([0xac; 32])));
+        assert_ne!(random_secret(), random_secret());
     }
 }
