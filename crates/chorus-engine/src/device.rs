@@ -75,6 +75,21 @@ pub trait Device: Send + Sync + 'static {
         factor: f64,
     ) -> Result<(), DeviceError>;
 
+    /// `mem[i] = mem[i] / divisor` elementwise: the last step of `Avg`. Integers divide
+    /// exactly, truncating toward zero (a float factor of `1/n` would be off by one for
+    /// large values); floats divide in their own precision. The default goes through
+    /// [`Device::scale`] with `1/divisor`, which is exact for floats only up to rounding.
+    fn divide(
+        &self,
+        mem: &mut Self::Mem,
+        off: usize,
+        len: usize,
+        dtype: DType,
+        divisor: u32,
+    ) -> Result<(), DeviceError> {
+        self.scale(mem, off, len, dtype, 1.0 / f64::from(divisor))
+    }
+
     /// A payload holding a copy of `src[off..][..len]`, for a link to send.
     fn pack(&self, src: &Self::Mem, off: usize, len: usize) -> Result<Self::Payload, DeviceError>;
 

@@ -3,13 +3,67 @@
 //! Floor 2 of the house (`DESIGN.md`). Algorithms (ring, recursive halving/doubling, trees),
 //! chunk pipelining, operation contexts and the abort tree; it owns the two ports through
 //! which it touches the world: [`link::Link`] (one peer) and [`device::Device`] (memory and
-//! reductions).
+//! reductions), with a host device ([`host::HostDevice`]) and an in-process link
+//! ([`local::LocalLink`]) for its own tests and benchmarks.
 //!
 //! It must never depend on tokio, quinn, io-uring, cudarc, sockets or `chorus-control`: its
 //! async code runs on any executor, and it learns about failures only through its operation
 //! contexts and its links. Deadlines come from whoever owns a clock, through an abort.
+//!
+//! The runtime's entry point is [`Engine`]: build one per communicator with
+//! [`Engine::new`], run [`Op`]s with [`Engine::run`] or [`Engine::group`], abort through
+//! [`Engine::context`], watch [`Engine::running`].
 
 #![forbid(unsafe_code)]
 
+mod algo;
+mod collective;
+pub mod config;
+pub mod context;
 pub mod device;
+pub mod engine;
+pub mod error;
+pub mod fp8;
+pub mod host;
+mod kernel;
 pub mod link;
+pub mod local;
+pub mod op;
+pub mod progress;
+mod run;
+pub mod select;
+
+pub use config::{Algorithm, EngineConfig, Overrides, Thresholds};
+pub use context::{AbortReason, Aborted, Context};
+pub use device::{Device, DeviceError};
+pub use engine::{Engine, P2P_SEQ_BIT};
+pub use error::{EngineError, OpError, OpErrorKind};
+pub use host::{HostBuffer, HostDevice};
+pub use link::{CancelReason, Link, LinkError, LinkFuture, Tag};
+pub use local::{HeldLimit, LocalLink};
+pub use op::{Buffer, Op, Reduction};
+pub use progress::{OpObserver, OpProgress, OpSnapshot};
+
+/// Host reductions on byte slices, for benchmarks and for devices that stage through host
+/// memory: `dst[i] = op(dst[i], src[i])` for `Sum`, `Prod`, `Min` and `Max`.
+pub fn host_reduce(
+    dst: &mut [u8],
+    src: &[u8],
+    dtype: chorus_protocol::DType,
+    op: chorus_protocol::ReduceOp,
+) -> Result<(), DeviceError> {
+    if dst.len() != src.len() {
+        return Err(DeviceError::OutOfBounds {
+            off: 0,
+            len: src.len(),
+            size: dst.len(),
+        });
+    }
+    if !dst.len().is_multiple_of(dtype.size()) {
+        return Err(DeviceError::Misaligned {
+            len: dst.len(),
+            dtype,
+        });
+    }
+    kernel::reduce(dst, src, dtype, op)
+}

@@ -2,8 +2,38 @@
 //!
 //! Floor 3 of the house (`DESIGN.md`): `tcp` over io_uring (with an epoll fallback) and
 //! `quic` over quinn + rustls, each with connection-level cancellation that no duplicated
-//! descriptor can defeat: a departure frame, then `shutdown(SHUT_RDWR)` before `close` (TCP)
-//! or `CONNECTION_CLOSE` with an application code (QUIC).
+//! descriptor can defeat: a departure frame, then `shutdown(SHUT_RDWR)` before `close`
+//! (TCP) or `CONNECTION_CLOSE` with an application code (QUIC).
+//!
+//! Every byte on every stream is the spec's: frames are made and read by
+//! `chorus_protocol`'s `Encoder` and `Decoder` (one of each per byte stream), and every
+//! stream opens with the protocol's `Connector` / `Acceptor` handshake, bound to the TLS
+//! session on QUIC. This crate moves bytes and enforces deadlines; it never frames them
+//! itself.
 //!
 //! It may depend on `chorus-protocol` and `chorus-engine`; never on `chorus-control`,
 //! `chorus-cuda`, `chorus` or the CLI.
+
+pub mod admission;
+pub mod config;
+pub mod error;
+pub mod fresh;
+mod handshake;
+pub mod identity;
+mod inbound;
+mod matcher;
+mod outbound;
+mod progress;
+pub mod quic;
+pub mod tcp;
+
+pub use admission::{Admission, admit_all};
+/// The routing fields of our frames on a stream (communicator, epoch, our rank): the
+/// protocol's `Envelope`, under the name the transport's API has always used.
+pub use chorus_protocol::Envelope as Route;
+pub use chorus_protocol::JobSecret;
+pub use config::{Backend, Backoff, Liveness, TransportConfig, ZeroCopy};
+pub use error::TransportError;
+pub use identity::{Fingerprint, Identity};
+pub use quic::{ControlChannel, QuicConnection, QuicEndpoint, QuicLink};
+pub use tcp::{BackendKind, RawConnection, TcpConnection, TcpLink, TcpListener, TcpTransport};

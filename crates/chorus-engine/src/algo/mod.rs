@@ -1,0 +1,150 @@
+//! The algorithms, one file per family. Each runs on a [`crate::run::Run`], which races
+//! every wait against the operation's context, and interleaves its sends and receives chunk
+//! by chunk (see the flow-control note in `run.rs`).
+//!
+//! Offsets and lengths handed to the device and to tags are in bytes; schedules are computed
+//! in elements.
+
+pub(crate) mod bruck;
+pub(crate) mod direct;
+pub(crate) mod dissemination;
+pub(crate) mod doubling;
+pub(crate) mod halving;
+pub(crate) mod linear;
+pub(crate) mod pairwise;
+pub(crate) mod ring;
+pub(crate) mod tree;
+
+use crate::device::Device;
+use crate::error::OpError;
+use crate::link::Link;
+use crate::run::Run;
+
+/// A span of elements in a buffer, with the tag offset (bytes) its first element travels
+/// under. Both ends of a transfer compute the same tag offsets from the schedule.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Span {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    pub(crate) tag_base: usize,
+}
+
+impl Span {
+    /// A span whose tag offset is its own byte offset.
+    pub(crate) fn at(start: usize, len: usize, es: usize) -> Self {
+        Span {
+            start,
+            len,
+            tag_base: start * es,
+        }
+    }
+}
+
+/// What an exchange does with what it receives.
+#[derive(Copy, Clone, Debug)]
+pub(crate) enum Land {
+    /// Combine into the buffer with this operator.
+    Reduce(chorus_protocol::ReduceOp),
+    /// Overwrite the buffer.
+    Copy,
+}
+
+/// Send `out` to `peer` and receive `inn` from it, chunk by chunk (one send then one
+/// receive per chunk), within one buffer, as phase `phase` of a schedule with `k` chunks per
+/// phase and `ce` elements per chunk. `output` says whether `mem` is the user's output (for
+/// the partial-output flag).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn exchange<D, L>(
+    run: &mut Run<'_, D, L>,
+    mem: &mut D::Mem,
+    peer: u32,
+    phase: usize,
+    k: usize,
+    ce: usize,
+    out: Option<Span>,
+    inn: Option<Span>,
+    land: Land,
+    output: bool,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    let es = run.es();
+    let ko = out.map_or(0, |s| s.len.div_ceil(ce));
+    let ki = inn.map_or(0, |s| s.len.div_ceil(ce));
+    for c in 0..ko.max(ki) {
+        if let Some(o) = out.filter(|_| c < ko) {
+            let (s, l) = cut(o.len, ce, c);
+            let p = run.pack(mem, (o.start + s) * es, l * es)?;
+            run.send(peer, step(phase, k, c), o.tag_base + s * es, p)
+                .await?;
+        }
+        if let Some(i) = inn.filter(|_| c < ki) {
+            let (s, l) = cut(i.len, ce, c);
+            let off = (i.start + s) * es;
+            let p = run
+                .recv(peer, step(phase, k, c), i.tag_base + s * es, l * es)
+                .await?;
+            if output {
+                run.touch();
+            }
+            match land {
+                Land::Reduce(op) => run.unpack_reduce(mem, off, &p, op)?,
+                Land::Copy => run.unpack(mem, off, &p)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Part `i` of `total` elements split into `parts` nearly equal parts (the first
+/// `total % parts` get one more): `(start, len)`.
+pub(crate) fn part(total: usize, parts: usize, i: usize) -> (usize, usize) {
+    let base = total / parts;
+    let extra = total % parts;
+    (i * base + i.min(extra), base + usize::from(i < extra))
+}
+
+/// The schedule step of chunk `c` in phase `phase` of a schedule with `k` chunks per phase.
+/// Callers size `k` with [`crate::run::Run::chunk_elems`], which keeps this below the credit
+/// bit.
+pub(crate) fn step(phase: usize, k: usize, c: usize) -> u32 {
+    (phase * k + c) as u32
+}
+
+/// Chunks of `len` elements cut every `ce` elements: `(start, len)` of chunk `c`.
+pub(crate) fn cut(len: usize, ce: usize, c: usize) -> (usize, usize) {
+    let start = c * ce;
+    (start, ce.min(len.saturating_sub(start)))
+}
+
+/// The largest power of two not above `n` (`n >= 1`).
+pub(crate) fn pow2_floor(n: usize) -> usize {
+    1 << (usize::BITS - 1 - n.leading_zeros())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_exactly() {
+        for total in [0, 1, 7, 1023, 1 << 20] {
+            for parts in 1..17 {
+                let mut next = 0;
+                for i in 0..parts {
+                    let (s, l) = part(total, parts, i);
+                    assert_eq!(s, next);
+                    next = s + l;
+                }
+                assert_eq!(next, total);
+            }
+        }
+        assert_eq!(pow2_floor(1), 1);
+        assert_eq!(pow2_floor(5), 4);
+        assert_eq!(pow2_floor(16), 16);
+        assert_eq!(cut(10, 4, 2), (8, 2));
+        assert_eq!(cut(10, 4, 3), (12, 0));
+    }
+}

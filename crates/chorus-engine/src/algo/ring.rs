@@ -1,0 +1,341 @@
+//! Pipelined ring algorithms: bandwidth-optimal, `n-1` (or `2(n-1)`) hops.
+//!
+//! The buffer is cut into `n` segments and each segment into `k` chunks; the loops run chunk
+//! by chunk through every step of the ring (as NCCL's do), so each rank alternates one send
+//! and one receive and a chunk's next hop overlaps the neighbours' work on other chunks.
+//! Schedule step (progress, errors): `t * k + c` for chunk `c` at ring step `t`.
+
+use crate::algo::{cut, part, step};
+use crate::device::Device;
+use crate::error::OpError;
+use crate::link::Link;
+use crate::op::{Buffer, Reduction};
+use crate::run::Run;
+
+/// All-reduce in place on `mem` (`count > 0` elements, `world > 1`): ring reduce-scatter
+/// then ring all-gather. `Avg` divides each segment once, at its owner, before it circulates.
+pub(crate) async fn all_reduce<D, L>(
+    run: &mut Run<'_, D, L>,
+    mem: &mut D::Mem,
+    count: usize,
+    reduction: Reduction,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    let n = run.world as usize;
+    let r = run.rank as usize;
+    let es = run.es();
+    let op = reduction.combine();
+    let avg = matches!(reduction, Reduction::Avg);
+    let phases = 2 * (n - 1);
+    let seg_max = count.div_ceil(n);
+    let ce = run.chunk_elems(seg_max, phases)?;
+    let k = seg_max.div_ceil(ce).max(1);
+    run.plan(phases * k);
+    let right = ((r + 1) % n) as u32;
+    let left = ((r + n - 1) % n) as u32;
+    // Byte region of chunk `c` of segment `s`.
+    let chunk = |s: usize, c: usize| {
+        let (start, len) = part(count, n, s);
+        let (cs, cl) = part(len, k, c);
+        ((start + cs) * es, cl * es)
+    };
+    // Segment sent and received at step `t` (reduce-scatter for t < n-1, then all-gather).
+    let send_seg = |t: usize| {
+        if t < n - 1 {
+            (r + n - t) % n
+        } else {
+            (r + 1 + n - (t - (n - 1))) % n
+        }
+    };
+    let recv_seg = |t: usize| {
+        if t < n - 1 {
+            (r + 2 * n - t - 1) % n
+        } else {
+            (r + n - (t - (n - 1))) % n
+        }
+    };
+    for c in 0..k {
+        let (off, len) = chunk(send_seg(0), c);
+        if len > 0 {
+            let p = run.pack(mem, off, len)?;
+            run.send(right, step(0, k, c), off, p).await?;
+        }
+        for t in 0..phases {
+            // The segment received at step t is the one sent at step t+1.
+            let (off, len) = chunk(recv_seg(t), c);
+            if len == 0 {
+                continue;
+            }
+            let p = run.recv(left, step(t, k, c), off, len).await?;
+            run.touch();
+            if t < n - 1 {
+                run.unpack_reduce(mem, off, &p, op)?;
+                if t == n - 2 && avg {
+                    run.divide(mem, off, len, n as u32)?;
+                }
+                if t + 1 < phases {
+                    let q = run.pack(mem, off, len)?;
+                    run.send(right, step(t + 1, k, c), off, q).await?;
+                }
+            } else {
+                run.unpack(mem, off, &p)?;
+                if t + 1 < phases {
+                    run.send(right, step(t + 1, k, c), off, p).await?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reduce-scatter (`count > 0` elements per rank, `world > 1`): one ring pass in which each
+/// rank adds its own contribution to the partial sum passing through, staged in a one-chunk
+/// scratch buffer so the input is never written (in place, only block `rank` changes).
+pub(crate) async fn reduce_scatter<D, L>(
+    run: &mut Run<'_, D, L>,
+    mut buf: Buffer<'_, D::Mem>,
+    count: usize,
+    reduction: Reduction,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    let n = run.world as usize;
+    let r = run.rank as usize;
+    let es = run.es();
+    let op = reduction.combine();
+    let premul = reduction.premul();
+    let phases = n - 1;
+    let ce = run.chunk_elems(count, phases)?;
+    let k = count.div_ceil(ce).max(1);
+    run.plan(phases * k);
+    let right = ((r + 1) % n) as u32;
+    let left = ((r + n - 1) % n) as u32;
+    let block = count * es;
+    // Where this rank's result goes in the output.
+    let out_base = if buf.is_in_place() { r * block } else { 0 };
+    // Byte region of chunk `c` of block `b`, within the input.
+    let chunk = |b: usize, c: usize| {
+        let (cs, cl) = part(count, k, c);
+        (b * block + cs * es, cl * es)
+    };
+    if let Buffer::Separate { send, recv } = &mut buf {
+        run.touch();
+        run.copy(recv, 0, send, r * block, block)?;
+    }
+    if let Some(s) = premul {
+        run.touch();
+        run.scale(buf.recv(), out_base, block, s)?;
+    }
+    let (_, max_chunk) = part(count, k, 0);
+    let mut scratch = run.alloc(max_chunk * es)?;
+    for c in 0..k {
+        // Step 0: this rank's own contribution to block r-1 starts its way round.
+        let (off, len) = chunk((r + n - 1) % n, c);
+        if len > 0 {
+            let p = match premul {
+                None => run.pack(buf.send(), off, len)?,
+                Some(s) => {
+                    run.copy(&mut scratch, 0, buf.send(), off, len)?;
+                    run.scale(&mut scratch, 0, len, s)?;
+                    run.pack(&scratch, 0, len)?
+                }
+            };
+            run.send(right, step(0, k, c), off, p).await?;
+        }
+        for t in 0..phases {
+            let b = (r + 2 * n - t - 2) % n;
+            let (off, len) = chunk(b, c);
+            if len == 0 {
+                continue;
+            }
+            let p = run.recv(left, step(t, k, c), off, len).await?;
+            if t == n - 2 {
+                // b == r: the partial sum of every other rank meets ours in the output.
+                run.touch();
+                let out_off = out_base + (off - r * block);
+                run.unpack_reduce(buf.recv(), out_off, &p, op)?;
+            } else {
+                run.copy(&mut scratch, 0, buf.send(), off, len)?;
+                if let Some(s) = premul {
+                    run.scale(&mut scratch, 0, len, s)?;
+                }
+                run.unpack_reduce(&mut scratch, 0, &p, op)?;
+                let q = run.pack(&scratch, 0, len)?;
+                run.send(right, step(t + 1, k, c), off, q).await?;
+            }
+        }
+    }
+    if matches!(reduction, Reduction::Avg) {
+        run.divide(buf.recv(), out_base, block, n as u32)?;
+    }
+    Ok(())
+}
+
+/// All-gather in place on `mem` (`world * count` elements, this rank's block already at
+/// `rank * count`; `count > 0`, `world > 1`): each block travels `n-1` hops to the right,
+/// forwarded without a copy.
+pub(crate) async fn all_gather<D, L>(
+    run: &mut Run<'_, D, L>,
+    mem: &mut D::Mem,
+    count: usize,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    let n = run.world as usize;
+    let r = run.rank as usize;
+    let es = run.es();
+    let phases = n - 1;
+    let ce = run.chunk_elems(count, phases)?;
+    let k = count.div_ceil(ce).max(1);
+    run.plan(phases * k);
+    let right = ((r + 1) % n) as u32;
+    let left = ((r + n - 1) % n) as u32;
+    let chunk = |b: usize, c: usize| {
+        let (cs, cl) = part(count, k, c);
+        ((b * count + cs) * es, cl * es)
+    };
+    for c in 0..k {
+        let (off, len) = chunk(r, c);
+        if len > 0 {
+            let p = run.pack(mem, off, len)?;
+            run.send(right, step(0, k, c), off, p).await?;
+        }
+        for t in 0..phases {
+            let (off, len) = chunk((r + 2 * n - t - 1) % n, c);
+            if len == 0 {
+                continue;
+            }
+            let p = run.recv(left, step(t, k, c), off, len).await?;
+            run.touch();
+            run.unpack(mem, off, &p)?;
+            if t + 1 < phases {
+                run.send(right, step(t + 1, k, c), off, p).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Broadcast along a pipelined chain `root → root+1 → …` (`count > 0`, `world > 1`); each
+/// rank forwards a chunk as soon as it has it, without copying it again.
+pub(crate) async fn broadcast<D, L>(
+    run: &mut Run<'_, D, L>,
+    mem: &mut D::Mem,
+    count: usize,
+    root: usize,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    let n = run.world as usize;
+    let r = run.rank as usize;
+    let es = run.es();
+    let vr = (r + n - root) % n;
+    let prev = ((r + n - 1) % n) as u32;
+    let next = ((r + 1) % n) as u32;
+    let ce = run.chunk_elems(count, 1)?;
+    let k = count.div_ceil(ce);
+    run.plan(k);
+    for c in 0..k {
+        let (s, l) = cut(count, ce, c);
+        let (off, len) = (s * es, l * es);
+        if vr == 0 {
+            let p = run.pack(mem, off, len)?;
+            run.send(next, step(0, k, c), off, p).await?;
+        } else {
+            let p = run.recv(prev, step(0, k, c), off, len).await?;
+            run.touch();
+            run.unpack(mem, off, &p)?;
+            if vr < n - 1 {
+                run.send(next, step(0, k, c), off, p).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reduce along a pipelined chain ending at the root (`… → root+1 → root`; `count > 0`,
+/// `world > 1`). Non-roots combine in a one-chunk scratch buffer and never write theirs.
+pub(crate) async fn reduce<D, L>(
+    run: &mut Run<'_, D, L>,
+    mut buf: Buffer<'_, D::Mem>,
+    count: usize,
+    reduction: Reduction,
+    root: usize,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    let n = run.world as usize;
+    let r = run.rank as usize;
+    let es = run.es();
+    let op = reduction.combine();
+    let premul = reduction.premul();
+    let vr = (r + n - root) % n;
+    // Data flows from higher virtual ranks to lower: vr+1 → vr → vr-1.
+    let from = ((r + 1) % n) as u32;
+    let to = ((r + n - 1) % n) as u32;
+    let ce = run.chunk_elems(count, 1)?;
+    let k = count.div_ceil(ce);
+    run.plan(k);
+    let bytes = count * es;
+    if vr == 0 {
+        if let Buffer::Separate { send, recv } = &mut buf {
+            run.touch();
+            run.copy(recv, 0, send, 0, bytes)?;
+        }
+        if let Some(s) = premul {
+            run.touch();
+            run.scale(buf.recv(), 0, bytes, s)?;
+        }
+    }
+    let mut scratch = if vr == 0 {
+        None
+    } else {
+        Some(run.alloc(ce.min(count) * es)?)
+    };
+    for c in 0..k {
+        let (s, l) = cut(count, ce, c);
+        let (off, len) = (s * es, l * es);
+        match &mut scratch {
+            None => {
+                let p = run.recv(from, step(0, k, c), off, len).await?;
+                run.touch();
+                run.unpack_reduce(buf.recv(), off, &p, op)?;
+            }
+            Some(scratch) => {
+                let incoming = if vr < n - 1 {
+                    Some(run.recv(from, step(0, k, c), off, len).await?)
+                } else {
+                    None
+                };
+                let p = if incoming.is_none() && premul.is_none() {
+                    run.pack(buf.send(), off, len)?
+                } else {
+                    run.copy(scratch, 0, buf.send(), off, len)?;
+                    if let Some(s) = premul {
+                        run.scale(scratch, 0, len, s)?;
+                    }
+                    if let Some(p) = &incoming {
+                        run.unpack_reduce(scratch, 0, p, op)?;
+                    }
+                    run.pack(scratch, 0, len)?
+                };
+                run.send(to, step(0, k, c), off, p).await?;
+            }
+        }
+    }
+    if vr == 0 && matches!(reduction, Reduction::Avg) {
+        run.divide(buf.recv(), 0, bytes, n as u32)?;
+    }
+    Ok(())
+}

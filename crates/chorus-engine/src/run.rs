@@ -1,0 +1,439 @@
+//! One running operation: tagged sends and receives that race the operation's context,
+//! flow control, progress publication and device calls that turn failures into
+//! [`OpError`]s with the step and peer attached.
+//!
+//! # Flow control
+//!
+//! A link holds early arrivals only up to a bound, so an operation must not pour a whole
+//! buffer at a peer that is not consuming it (a broadcast root, a scatter, a slow neighbour).
+//! Each operation keeps at most `depth` data chunks per peer that the peer has not yet
+//! acknowledged; the receiver returns an empty credit payload every `grant = depth / 2`
+//! chunks it consumes (tag step `CREDIT | n`). At the end the sender claims every credit the
+//! receiver will have sent, so nothing of the operation stays held on a link. Algorithms
+//! interleave their sends and receives chunk by chunk, which with `grant < depth` keeps this
+//! deadlock-free (a rank blocked on credit has consumed what its peers need from it).
+//!
+//! # Tags
+//!
+//! A data payload's tag step is its index among the operation's payloads on that link in
+//! that direction (both ends enumerate them in the same order), not its place in the
+//! schedule: the first payload two ranks exchange in an operation is always step 0, so a
+//! rank that called a different collective, or passed a different count, is caught by the
+//! receiver's tag check (collective, offset or dtype differ) instead of leaving both ranks
+//! waiting on tags the other never sends. The schedule step, which says where the algorithm
+//! is, goes to progress and errors.
+
+use std::collections::HashMap;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+
+use chorus_protocol::{Collective, DType, OpSeq, Rank, ReduceOp};
+use futures::stream::{FuturesUnordered, StreamExt};
+
+use crate::context::Aborted;
+use crate::device::{Device, DeviceError};
+use crate::error::{OpError, OpErrorKind};
+use crate::link::{Link, LinkError, LinkFuture, Tag};
+use crate::progress::OpProgress;
+
+/// Tag steps with this bit are flow-control credits; data steps stay below it.
+pub(crate) const CREDIT: u32 = 1 << 31;
+
+type SendFut<'e> = Pin<Box<dyn Future<Output = (Rank, u32, Result<(), LinkError>)> + Send + 'e>>;
+
+/// Flow-control state towards and from one peer, within one operation.
+#[derive(Default)]
+struct Flow {
+    /// Data chunks sent to the peer.
+    sent: u64,
+    /// Credits received from the peer.
+    credits_in: u32,
+    /// Data chunks received from the peer.
+    consumed: u64,
+    /// Credits sent to the peer.
+    credits_out: u32,
+}
+
+pub(crate) struct Run<'e, D: Device, L: ?Sized> {
+    pub(crate) dev: &'e D,
+    links: &'e [Option<Arc<L>>],
+    token: &'e D::Owned,
+    pub(crate) rank: u32,
+    pub(crate) world: u32,
+    pub(crate) chunk_bytes: usize,
+    depth: u64,
+    grant: u64,
+    collective: Collective,
+    seq: OpSeq,
+    pub(crate) dtype: DType,
+    progress: Arc<OpProgress>,
+    aborted: Aborted,
+    sends: FuturesUnordered<SendFut<'e>>,
+    flows: HashMap<u32, Flow>,
+    /// The output buffer has been written to.
+    touched: bool,
+    at_step: Option<u32>,
+    at_peer: Option<Rank>,
+}
+
+/// What [`Run::new`] needs from the engine.
+pub(crate) struct RunSetup<'e, D: Device, L: ?Sized> {
+    pub(crate) dev: &'e D,
+    pub(crate) links: &'e [Option<Arc<L>>],
+    pub(crate) token: &'e D::Owned,
+    pub(crate) rank: u32,
+    pub(crate) world: u32,
+    pub(crate) chunk_bytes: usize,
+    pub(crate) depth: usize,
+}
+
+impl<'e, D, L> Run<'e, D, L>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    pub(crate) fn new(
+        setup: RunSetup<'e, D, L>,
+        collective: Collective,
+        seq: OpSeq,
+        dtype: DType,
+        progress: Arc<OpProgress>,
+    ) -> Self {
+        let depth = setup.depth.max(2) as u64;
+        Run {
+            dev: setup.dev,
+            links: setup.links,
+            token: setup.token,
+            rank: setup.rank,
+            world: setup.world,
+            chunk_bytes: setup.chunk_bytes,
+            depth,
+            grant: (depth / 2).max(1),
+            collective,
+            seq,
+            dtype,
+            aborted: progress.context().aborted(),
+            progress,
+            sends: FuturesUnordered::new(),
+            flows: HashMap::new(),
+            touched: false,
+            at_step: None,
+            at_peer: None,
+        }
+    }
+
+    /// Element size in bytes.
+    pub(crate) fn es(&self) -> usize {
+        self.dtype.size()
+    }
+
+    /// Elements per chunk for a schedule of `phases` phases over at most `max_elems`
+    /// elements per transfer: the configured chunk size, raised if needed so that every
+    /// data step fits below [`CREDIT`].
+    pub(crate) fn chunk_elems(&self, max_elems: usize, phases: usize) -> Result<usize, OpError> {
+        let configured = (self.chunk_bytes / self.es()).max(1);
+        let max_chunks = (CREDIT as usize - 1) / phases.max(1);
+        if max_chunks == 0 {
+            return Err(self.invalid("schedule has too many steps"));
+        }
+        Ok(configured.max(max_elems.div_ceil(max_chunks)))
+    }
+
+    /// Publish the schedule's step count.
+    pub(crate) fn plan(&self, steps: usize) {
+        self.progress
+            .set_steps(u32::try_from(steps).unwrap_or(u32::MAX));
+    }
+
+    /// Record that the output buffer is about to be written.
+    pub(crate) fn touch(&mut self) {
+        self.touched = true;
+    }
+
+    pub(crate) fn error(&self, kind: OpErrorKind) -> OpError {
+        OpError {
+            kind,
+            collective: self.collective,
+            op: self.seq,
+            step: self.at_step,
+            peer: self.at_peer,
+            partial_output: self.touched,
+        }
+    }
+
+    pub(crate) fn invalid(&self, what: impl Into<String>) -> OpError {
+        self.error(OpErrorKind::InvalidArgument(what.into()))
+    }
+
+    pub(crate) fn device(&self, e: DeviceError) -> OpError {
+        self.error(OpErrorKind::Device(e))
+    }
+
+    fn tag(&self, step: u32, offset: usize) -> Tag {
+        Tag {
+            collective: self.collective,
+            op: self.seq,
+            step,
+            offset: offset as u64,
+            dtype: self.dtype,
+        }
+    }
+
+    fn link(&self, peer: u32) -> Result<&'e L, OpError> {
+        match self.links.get(peer as usize) {
+            Some(Some(l)) => Ok(&**l),
+            _ => Err(self.invalid(format!("no link to r{peer}"))),
+        }
+    }
+
+    /// Await `fut` (a link operation with `peer` at `step`) while racing the context and
+    /// driving the pending sends.
+    async fn wait<T>(
+        &mut self,
+        step: Option<u32>,
+        peer: u32,
+        mut fut: LinkFuture<'e, T>,
+    ) -> Result<T, OpError> {
+        if let Some(step) = step {
+            self.at_step = Some(step);
+        }
+        self.at_peer = Some(Rank(peer));
+        self.progress.enter(self.at_step.unwrap_or(0), Rank(peer));
+        let aborted = &mut self.aborted;
+        let sends = &mut self.sends;
+        let result = poll_fn(|cx| {
+            if let Poll::Ready(reason) = Pin::new(&mut *aborted).poll(cx) {
+                return Poll::Ready(Err(Failure::Aborted(reason)));
+            }
+            while let Poll::Ready(Some((to, s, r))) = sends.poll_next_unpin(cx) {
+                if let Err(e) = r {
+                    return Poll::Ready(Err(Failure::Send(to, s, e)));
+                }
+            }
+            fut.as_mut().poll(cx).map(|r| r.map_err(Failure::Link))
+        })
+        .await;
+        self.progress.leave();
+        result.map_err(|f| self.failure(f))
+    }
+
+    fn failure(&mut self, f: Failure) -> OpError {
+        match f {
+            Failure::Aborted(reason) => self.error(OpErrorKind::Aborted(reason)),
+            Failure::Link(e) => self.error(OpErrorKind::Link(e)),
+            Failure::Send(to, step, e) => {
+                self.at_peer = Some(to);
+                self.at_step = Some(step);
+                self.error(OpErrorKind::Link(e))
+            }
+        }
+    }
+
+    /// Send a data payload to `peer` at schedule step `step`, waiting for flow-control
+    /// credit first. The tag's step is the payload's index among this operation's payloads
+    /// to `peer`: the first payload between two ranks in an operation always carries step
+    /// 0, so ranks that called different collectives (or the same one with a different
+    /// schedule) meet on the same `(op, step)` and the receiver reports the mismatch,
+    /// instead of both waiting for tags the other never sends.
+    pub(crate) async fn send(
+        &mut self,
+        peer: u32,
+        step: u32,
+        offset: usize,
+        payload: D::Payload,
+    ) -> Result<(), OpError> {
+        let link = self.link(peer)?;
+        self.at_step = Some(step);
+        let index = loop {
+            let flow = self.flows.entry(peer).or_default();
+            if flow.sent < u64::from(flow.credits_in) * self.grant + self.depth {
+                flow.sent += 1;
+                break flow.sent - 1;
+            }
+            let n = flow.credits_in + 1;
+            self.claim_credit(link, peer, n).await?;
+        };
+        self.post(link, peer, self.tag(index as u32, offset), payload, step);
+        Ok(())
+    }
+
+    async fn claim_credit(&mut self, link: &'e L, peer: u32, n: u32) -> Result<(), OpError> {
+        let tag = self.tag(CREDIT | n, 0);
+        let fut = link.recv(tag);
+        self.wait(None, peer, fut).await?;
+        self.flows.entry(peer).or_default().credits_in = n;
+        Ok(())
+    }
+
+    fn post(&mut self, link: &'e L, peer: u32, tag: Tag, payload: D::Payload, step: u32) {
+        let fut = link.send(tag, payload);
+        self.sends
+            .push(Box::pin(async move { (Rank(peer), step, fut.await) }));
+    }
+
+    /// Receive the data payload `peer` sends at schedule step `step`, which must be `len`
+    /// bytes (tagged by its index, as in [`Run::send`]).
+    pub(crate) async fn recv(
+        &mut self,
+        peer: u32,
+        step: u32,
+        offset: usize,
+        len: usize,
+    ) -> Result<D::Payload, OpError> {
+        let link = self.link(peer)?;
+        let index = self.flows.entry(peer).or_default().consumed as u32;
+        let fut = link.recv(self.tag(index, offset));
+        let payload = self.wait(Some(step), peer, fut).await?;
+        let got = self.dev.payload_len(&payload);
+        if got != len {
+            return Err(self.error(OpErrorKind::SizeMismatch { expected: len, got }));
+        }
+        let flow = self.flows.entry(peer).or_default();
+        flow.consumed += 1;
+        if flow.consumed.is_multiple_of(self.grant) {
+            flow.credits_out += 1;
+            let n = flow.credits_out;
+            let tag = self.tag(CREDIT | n, 0);
+            let empty = self.empty()?;
+            self.post(link, peer, tag, empty, step);
+        }
+        Ok(payload)
+    }
+
+    /// Wait until every send has been handed to its link and every credit the peers will
+    /// send for this operation has been claimed.
+    pub(crate) async fn finish(&mut self) -> Result<(), OpError> {
+        let mut owed: Vec<(u32, u32)> = self
+            .flows
+            .iter()
+            .filter_map(|(&peer, f)| {
+                let total = u32::try_from(f.sent / self.grant).unwrap_or(u32::MAX);
+                (total > f.credits_in).then_some((peer, total))
+            })
+            .collect();
+        owed.sort_unstable();
+        for (peer, total) in owed {
+            let link = self.link(peer)?;
+            let mut n = self.flows.get(&peer).map_or(0, |f| f.credits_in);
+            while n < total {
+                n += 1;
+                self.claim_credit(link, peer, n).await?;
+            }
+        }
+        while !self.sends.is_empty() {
+            let aborted = &mut self.aborted;
+            let sends = &mut self.sends;
+            let r = poll_fn(|cx| {
+                if let Poll::Ready(reason) = Pin::new(&mut *aborted).poll(cx) {
+                    return Poll::Ready(Err(Failure::Aborted(reason)));
+                }
+                match sends.poll_next_unpin(cx) {
+                    Poll::Ready(Some((to, s, Err(e)))) => Poll::Ready(Err(Failure::Send(to, s, e))),
+                    Poll::Ready(_) => Poll::Ready(Ok(())),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            r.map_err(|f| self.failure(f))?;
+        }
+        Ok(())
+    }
+
+    /// An empty payload (barrier tokens, credits).
+    pub(crate) fn empty(&self) -> Result<D::Payload, OpError> {
+        self.dev.pack(self.token, 0, 0).map_err(|e| self.device(e))
+    }
+
+    /// Fail now if the context is already aborted (checked before touching any buffer).
+    pub(crate) fn check_aborted(&self) -> Result<(), OpError> {
+        match self.progress.context().reason() {
+            Some(r) => Err(self.error(OpErrorKind::Aborted(r))),
+            None => Ok(()),
+        }
+    }
+
+    // Device calls with errors mapped. Offsets and lengths are in bytes.
+
+    pub(crate) fn pack(&self, mem: &D::Mem, off: usize, len: usize) -> Result<D::Payload, OpError> {
+        self.dev.pack(mem, off, len).map_err(|e| self.device(e))
+    }
+
+    pub(crate) fn unpack(
+        &mut self,
+        mem: &mut D::Mem,
+        off: usize,
+        p: &D::Payload,
+    ) -> Result<(), OpError> {
+        self.dev.unpack(mem, off, p).map_err(|e| self.device(e))
+    }
+
+    pub(crate) fn unpack_reduce(
+        &mut self,
+        mem: &mut D::Mem,
+        off: usize,
+        p: &D::Payload,
+        op: ReduceOp,
+    ) -> Result<(), OpError> {
+        self.dev
+            .unpack_reduce(mem, off, p, self.dtype, op)
+            .map_err(|e| self.device(e))
+    }
+
+    pub(crate) fn copy(
+        &self,
+        dst: &mut D::Mem,
+        dst_off: usize,
+        src: &D::Mem,
+        src_off: usize,
+        len: usize,
+    ) -> Result<(), OpError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.dev
+            .copy(dst, dst_off, src, src_off, len)
+            .map_err(|e| self.device(e))
+    }
+
+    pub(crate) fn scale(
+        &self,
+        mem: &mut D::Mem,
+        off: usize,
+        len: usize,
+        factor: f64,
+    ) -> Result<(), OpError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.dev
+            .scale(mem, off, len, self.dtype, factor)
+            .map_err(|e| self.device(e))
+    }
+
+    pub(crate) fn divide(
+        &self,
+        mem: &mut D::Mem,
+        off: usize,
+        len: usize,
+        divisor: u32,
+    ) -> Result<(), OpError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.dev
+            .divide(mem, off, len, self.dtype, divisor)
+            .map_err(|e| self.device(e))
+    }
+
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<D::Owned, OpError> {
+        self.dev.alloc(bytes).map_err(|e| self.device(e))
+    }
+}
+
+enum Failure {
+    Aborted(crate::context::AbortReason),
+    Link(LinkError),
+    Send(Rank, u32, LinkError),
+}

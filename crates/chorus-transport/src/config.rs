@@ -1,0 +1,211 @@
+//! Transport configuration: plain data. Parsing it from the environment is the runtime's job.
+
+use std::time::Duration;
+
+use chorus_protocol::Limits;
+
+/// Which event engine drives TCP links.
+#[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
+pub enum Backend {
+    /// io_uring when the kernel lets us set up a ring, epoll otherwise.
+    #[default]
+    Auto,
+    /// io_uring only; creating the transport fails if the ring cannot be set up.
+    Uring,
+    /// epoll (tokio) only.
+    Epoll,
+}
+
+/// Bounded, exponentially backed-off retries for `connect`.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Backoff {
+    /// Delay before the first retry.
+    pub initial: Duration,
+    /// Ceiling for any single delay.
+    pub max: Duration,
+    /// Attempts in all (the first one included); the connect deadline bounds them too.
+    pub attempts: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(500),
+            attempts: 12,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `retry` (0-based), doubling from `initial` up to `max`.
+    pub fn delay(&self, retry: u32) -> Duration {
+        let factor = 1u32.checked_shl(retry.min(16)).unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+}
+
+/// Everything a transport needs to know; `Default` gives the values chorus ships with.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct TransportConfig {
+    /// Event engine for TCP links.
+    pub backend: Backend,
+    /// A connecting or accepted connection must finish the handshake within this.
+    pub handshake_timeout: Duration,
+    /// `connect` gives up (retries included) after this.
+    pub connect_timeout: Duration,
+    /// Retry schedule for refused or unreachable connects.
+    pub backoff: Backoff,
+    /// `SO_SNDBUF` / `SO_RCVBUF` requested for TCP sockets (the kernel may clamp them).
+    pub socket_buffer: usize,
+    /// When the io_uring backend sends a payload with `IORING_OP_SEND_ZC`.
+    pub zero_copy_threshold: ZeroCopy,
+    /// Bytes that arrived before their `recv` was posted that a link holds; past this the
+    /// link fails with `LinkError::Overflow` and closes with a protocol-violation code.
+    pub held_limit: u64,
+    /// Bytes a link accepts from `send` callers before the wire has taken them; `send`
+    /// waits (cancellably) past it.
+    pub send_window: u64,
+    /// Largest chunk payload a peer may announce; larger frames close the connection. Both
+    /// ends must agree (it is the codec's `Limits::max_chunk_payload`); the default is the
+    /// protocol's.
+    pub max_chunk: u32,
+    /// Budget for the departure frame on `cancel` before the connection is shut regardless.
+    pub depart_timeout: Duration,
+    /// Size of each registered io_uring buffer slot (receives of headers and small frames,
+    /// sends of small frames).
+    pub uring_slot: usize,
+    /// Number of registered buffer slots per ring.
+    pub uring_slots: u16,
+    /// Submission queue depth per ring.
+    pub uring_entries: u32,
+    /// How long the io_uring progress thread spins on its completion queue before it sleeps
+    /// in the kernel. Spinning saves the wake-up of a sleeping thread (several µs) on every
+    /// receive that arrives within the window, at the cost of a busy core while it lasts;
+    /// zero never spins.
+    pub busy_poll: Duration,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            backend: Backend::Auto,
+            handshake_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(30),
+            backoff: Backoff::default(),
+            socket_buffer: 4 << 20,
+            zero_copy_threshold: ZeroCopy::default(),
+            held_limit: 1 << 30,
+            send_window: 64 << 20,
+            max_chunk: Limits::DEFAULT.max_chunk_payload,
+            depart_timeout: Duration::from_millis(20),
+            uring_slot: 64 << 10,
+            uring_slots: 64,
+            uring_entries: 256,
+            busy_poll: Duration::ZERO,
+        }
+    }
+}
+
+impl TransportConfig {
+    /// The codec limits both ends of every stream enforce: the protocol's defaults with this
+    /// configuration's chunk bound.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_chunk_payload: self.max_chunk,
+            ..Limits::DEFAULT
+        }
+    }
+}
+
+/// Payload sizes at or above which the io_uring backend uses `SEND_ZC`, per path.
+///
+/// Measured with `cargo bench -p chorus-benches --bench transport`: on loopback a copying
+/// send beat `SEND_ZC` at every size from 16 KiB to 4 MiB (the loopback receiver copies
+/// anyway, so zero-copy only adds page pinning and a second completion), hence `loopback`
+/// defaults to never. Over a NIC the kernel can send from the pinned pages; 256 KiB is the
+/// default there, *not measured here* (no NIC on the test machine) — tune it per fabric.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct ZeroCopy {
+    /// Threshold for peers on a loopback address (`usize::MAX`: never).
+    pub loopback: usize,
+    /// Threshold for every other peer.
+    pub remote: usize,
+}
+
+impl Default for ZeroCopy {
+    fn default() -> Self {
+        Self {
+            loopback: usize::MAX,
+            remote: 256 << 10,
+        }
+    }
+}
+
+impl ZeroCopy {
+    /// The same threshold for every path.
+    pub const fn always_from(bytes: usize) -> Self {
+        Self {
+            loopback: bytes,
+            remote: bytes,
+        }
+    }
+
+    pub(crate) fn effective(&self, loopback: bool) -> usize {
+        if loopback { self.loopback } else { self.remote }
+    }
+}
+
+/// Liveness values the QUIC transport derives its idle timeout and keep-alive from.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct Liveness {
+    /// How often the control plane expects to hear from a peer.
+    pub heartbeat_interval: Duration,
+    /// Silence after which the control plane declares a peer dead.
+    pub deadline: Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_millis(250),
+            deadline: Duration::from_secs(3),
+        }
+    }
+}
+
+impl Liveness {
+    /// QUIC idle timeout: the detector's deadline plus one interval, so the detector, which
+    /// names the peer and the evidence, always fires first; the connection then dies too.
+    pub fn idle_timeout(&self) -> Duration {
+        self.deadline + self.heartbeat_interval
+    }
+
+    /// QUIC keep-alive: half the heartbeat interval, so an idle data connection never
+    /// looks silent to a middlebox or to the idle timer.
+    pub fn keep_alive(&self) -> Duration {
+        (self.heartbeat_interval / 2).max(Duration::from_millis(10))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_max() {
+        let b = Backoff::default();
+        assert_eq!(b.delay(0), Duration::from_millis(10));
+        assert_eq!(b.delay(1), Duration::from_millis(20));
+        assert_eq!(b.delay(5), Duration::from_millis(320));
+        assert_eq!(b.delay(6), Duration::from_millis(500));
+        assert_eq!(b.delay(u32::MAX), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn quic_timers_follow_liveness() {
+        let l = Liveness::default();
+        assert!(l.idle_timeout() > l.deadline);
+        assert!(l.keep_alive() < l.heartbeat_interval);
+    }
+}

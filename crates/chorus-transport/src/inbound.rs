@@ -1,0 +1,103 @@
+//! What a data link does with each frame its decoder yields, whatever carried it (io_uring,
+//! tokio, a QUIC stream): hand chunks to the matcher, turn a `Depart` into the peer's
+//! departure, and turn anything that fails the rules into a close with the spec's code.
+//!
+//! The protocol decoder has already checked the framing, the body, the sequence, and the
+//! gate of the established role (kinds, communicator, sender); what is left here is the
+//! epoch, which a data stream serves exactly.
+
+use chorus_engine::link::{LinkError, Tag};
+use chorus_protocol::message::{Chunk, Depart, Message};
+use chorus_protocol::{CloseCode, Collective, DType, DecodeError, Envelope, Frame};
+
+use crate::matcher::Matcher;
+
+/// What the reader does next.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    /// Keep reading.
+    Continue,
+    /// Stop reading and close; send this departure first if there is one.
+    Close(Option<Depart>),
+}
+
+/// Handles one decoded frame of the link whose peer sends under `peer`.
+pub(crate) fn on_frame(matcher: &Matcher, peer: &Envelope, frame: Frame) -> Flow {
+    let epoch = frame.header.epoch;
+    if epoch != peer.epoch {
+        let code = if epoch < peer.epoch {
+            CloseCode::STALE_EPOCH
+        } else {
+            CloseCode::PROTOCOL_VIOLATION
+        };
+        return violation(
+            matcher,
+            code,
+            format!("frame of {epoch} on a link of {}", peer.epoch),
+        );
+    }
+    match frame.message {
+        Message::Chunk(chunk) => on_chunk(matcher, chunk),
+        Message::Depart(Depart { code, detail }) => {
+            matcher.fail(LinkError::PeerDeparted { code, detail });
+            Flow::Close(None)
+        }
+        // The data gate admits nothing else; kept so a gate change cannot go unnoticed.
+        other => violation(
+            matcher,
+            CloseCode::PROTOCOL_VIOLATION,
+            format!("unexpected {} frame on a data link", other.kind()),
+        ),
+    }
+}
+
+/// The decoder refused the stream: fail the link and close with the error's code.
+pub(crate) fn on_decode_error(matcher: &Matcher, err: &DecodeError) -> Flow {
+    violation(matcher, err.code(), err.to_string())
+}
+
+/// The byte stream ended or failed. Without a prior departure that is a lost connection.
+pub(crate) fn on_lost(matcher: &Matcher, detail: String) {
+    matcher.fail(LinkError::ConnectionLost { detail });
+}
+
+fn on_chunk(matcher: &Matcher, chunk: Chunk) -> Flow {
+    let h = chunk.header;
+    // A decoded chunk header always has known codes (the codec validates them).
+    let (Some(collective), Some(dtype)) = (
+        Collective::from_code(h.collective),
+        DType::from_code(h.dtype),
+    ) else {
+        return violation(
+            matcher,
+            CloseCode::PROTOCOL_VIOLATION,
+            format!(
+                "chunk with unknown collective {} or dtype {}",
+                h.collective, h.dtype
+            ),
+        );
+    };
+    let tag = Tag {
+        collective,
+        op: h.op,
+        step: h.step,
+        offset: h.offset,
+        dtype,
+    };
+    match matcher.deliver(tag, chunk.payload) {
+        Ok(()) => Flow::Continue,
+        Err(err) => {
+            matcher.fail(err.clone());
+            Flow::Close(Some(Depart::new(
+                CloseCode::PROTOCOL_VIOLATION,
+                err.to_string(),
+            )))
+        }
+    }
+}
+
+fn violation(matcher: &Matcher, code: CloseCode, detail: String) -> Flow {
+    let depart = Depart::new(code, detail.clone());
+    matcher.fail(LinkError::Protocol { code, detail });
+    Flow::Close(Some(depart))
+}

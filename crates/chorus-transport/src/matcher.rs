@@ -1,0 +1,355 @@
+//! The backend-independent half of every link: tag matching with held early arrivals, the
+//! one-way terminal state (cancel, departure, loss), and the send window.
+//!
+//! Readers (an io_uring ring, a tokio task, a QUIC stream task) call [`Matcher::deliver`]
+//! and [`Matcher::fail`]; the `Link` methods call [`Matcher::recv`] and
+//! [`Matcher::acquire`]. Nothing here blocks a thread, and every wait ends when the link
+//! fails, so `cancel` reaches every pending operation at once.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::Bytes;
+use chorus_engine::link::{LinkError, Tag};
+use chorus_protocol::Rank;
+use parking_lot::Mutex;
+use tokio::sync::{Semaphore, oneshot};
+
+type Key = (u64, u32);
+
+fn key(tag: &Tag) -> Key {
+    (tag.op.get(), tag.step)
+}
+
+/// Shared state of one link.
+#[derive(Debug)]
+pub(crate) struct Matcher {
+    peer: Rank,
+    held_limit: u64,
+    window: Semaphore,
+    window_bytes: u32,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Set once; the first failure wins (principle 4: one-way).
+    terminal: Option<LinkError>,
+    held: HashMap<Key, VecDeque<(Tag, Bytes)>>,
+    held_bytes: u64,
+    waiters: HashMap<Key, VecDeque<Waiter>>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    tag: Tag,
+    tx: oneshot::Sender<Result<Bytes, LinkError>>,
+}
+
+/// Credit for bytes handed to the wire, returned with [`Matcher::release`] once written.
+#[derive(Debug)]
+#[must_use]
+pub(crate) struct Credit(pub(crate) u32);
+
+impl Matcher {
+    pub(crate) fn new(peer: Rank, held_limit: u64, send_window: u64) -> Self {
+        let window_bytes = u32::try_from(send_window.max(1)).unwrap_or(u32::MAX >> 3);
+        Self {
+            peer,
+            held_limit,
+            window: Semaphore::new(window_bytes as usize),
+            window_bytes,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    pub(crate) fn peer(&self) -> Rank {
+        self.peer
+    }
+
+    /// The terminal error, if the link has failed.
+    pub(crate) fn terminal(&self) -> Option<LinkError> {
+        self.state.lock().terminal.clone()
+    }
+
+    /// Fails the link with `err` unless it already failed; wakes every pending `recv` and
+    /// `send`. Returns whether this call was the one that failed it.
+    pub(crate) fn fail(&self, err: LinkError) -> bool {
+        let waiters = {
+            let mut st = self.state.lock();
+            if st.terminal.is_some() {
+                return false;
+            }
+            // A local cancel discards what was held; a peer's failure keeps it, because
+            // those payloads were sent before the peer left and are still owed to `recv`.
+            if matches!(err, LinkError::Cancelled(_)) {
+                st.held.clear();
+                st.held_bytes = 0;
+            }
+            st.terminal = Some(err.clone());
+            std::mem::take(&mut st.waiters)
+        };
+        self.window.close();
+        for w in waiters.into_values().flatten() {
+            let _ = w.tx.send(Err(err.clone()));
+        }
+        true
+    }
+
+    /// The payload sent under `tag`'s `(op, step)`.
+    pub(crate) async fn recv(&self, tag: Tag) -> Result<Bytes, LinkError> {
+        let rx = {
+            let mut st = self.state.lock();
+            if let Some(LinkError::Cancelled(r)) = &st.terminal {
+                return Err(LinkError::Cancelled(r.clone()));
+            }
+            let k = key(&tag);
+            if let Some(q) = st.held.get_mut(&k)
+                && let Some((got, payload)) = q.pop_front()
+            {
+                if q.is_empty() {
+                    st.held.remove(&k);
+                }
+                st.held_bytes -= payload.len() as u64;
+                return if got == tag {
+                    Ok(payload)
+                } else {
+                    Err(LinkError::TagMismatch { expected: tag, got })
+                };
+            }
+            if let Some(err) = &st.terminal {
+                return Err(err.clone());
+            }
+            let (tx, rx) = oneshot::channel();
+            st.waiters
+                .entry(k)
+                .or_default()
+                .push_back(Waiter { tag, tx });
+            rx
+        };
+        match rx.await {
+            Ok(result) => result,
+            // The sender side lives in the map until delivered or failed; a dropped sender
+            // means the whole link state went away.
+            Err(_) => Err(self
+                .terminal()
+                .unwrap_or_else(|| LinkError::ConnectionLost {
+                    detail: "link state dropped".into(),
+                })),
+        }
+    }
+
+    /// A payload arrived under `tag`. Errors with `Overflow` when the held bytes pass the
+    /// bound; the caller then fails the link and closes the connection.
+    pub(crate) fn deliver(&self, tag: Tag, payload: Bytes) -> Result<(), LinkError> {
+        let mut st = self.state.lock();
+        if matches!(st.terminal, Some(LinkError::Cancelled(_))) {
+            return Ok(());
+        }
+        let k = key(&tag);
+        let mut payload = payload;
+        if let Some(q) = st.waiters.get_mut(&k) {
+            // Skip waiters whose `recv` future was dropped.
+            while let Some(w) = q.pop_front() {
+                let result = if w.tag == tag {
+                    Ok(payload)
+                } else {
+                    Err(LinkError::TagMismatch {
+                        expected: w.tag,
+                        got: tag,
+                    })
+                };
+                match w.tx.send(result) {
+                    Ok(()) => {
+                        if q.is_empty() {
+                            st.waiters.remove(&k);
+                        }
+                        return Ok(());
+                    }
+                    Err(Ok(back)) => payload = back,
+                    Err(Err(_)) => {
+                        if q.is_empty() {
+                            st.waiters.remove(&k);
+                        }
+                        return Ok(());
+                    }
+                }
+            }
+            st.waiters.remove(&k);
+        }
+        st.held_bytes += payload.len() as u64;
+        let held = st.held_bytes;
+        st.held.entry(k).or_default().push_back((tag, payload));
+        if held > self.held_limit {
+            return Err(LinkError::Overflow {
+                bytes: held,
+                limit: self.held_limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits for room to hand `len` bytes to the wire (bounded by the window, so a payload
+    /// larger than the window waits for an empty window rather than forever).
+    pub(crate) async fn acquire(&self, len: usize) -> Result<Credit, LinkError> {
+        if let Some(err) = self.terminal() {
+            return Err(err);
+        }
+        let n = u32::try_from(len)
+            .unwrap_or(u32::MAX)
+            .min(self.window_bytes);
+        match self.window.acquire_many(n).await {
+            Ok(permit) => {
+                permit.forget();
+                Ok(Credit(n))
+            }
+            Err(_) => Err(self
+                .terminal()
+                .unwrap_or_else(|| LinkError::ConnectionLost {
+                    detail: "send window closed".into(),
+                })),
+        }
+    }
+
+    /// Returns credit once the bytes are on the wire (or dropped by a failed link).
+    pub(crate) fn release(&self, credit: Credit) {
+        self.window.add_permits(credit.0 as usize);
+    }
+
+    /// Bytes held for `recv`s not yet posted.
+    #[cfg(test)]
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.state.lock().held_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use chorus_engine::link::CancelReason;
+    use chorus_protocol::{CloseCode, Collective, DType, OpSeq};
+
+    use super::*;
+
+    fn tag(op: u64, step: u32) -> Tag {
+        Tag {
+            collective: Collective::AllReduce,
+            op: OpSeq(op),
+            step,
+            offset: 0,
+            dtype: DType::F32,
+        }
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn early_arrivals_are_held_in_order_and_matched_by_op_and_step() {
+        let m = Matcher::new(Rank(1), 1 << 20, 1 << 20);
+        m.deliver(tag(1, 0), Bytes::from_static(b"a")).unwrap();
+        m.deliver(tag(1, 0), Bytes::from_static(b"b")).unwrap();
+        m.deliver(tag(2, 0), Bytes::from_static(b"c")).unwrap();
+        rt().block_on(async {
+            assert_eq!(m.recv(tag(2, 0)).await.unwrap(), "c");
+            assert_eq!(m.recv(tag(1, 0)).await.unwrap(), "a");
+            assert_eq!(m.recv(tag(1, 0)).await.unwrap(), "b");
+        });
+        assert_eq!(m.held_bytes(), 0);
+    }
+
+    #[test]
+    fn a_different_collective_under_the_same_op_and_step_is_a_mismatch() {
+        let m = Matcher::new(Rank(1), 1 << 20, 1 << 20);
+        let mut other = tag(1, 0);
+        other.collective = Collective::Broadcast;
+        m.deliver(other, Bytes::from_static(b"x")).unwrap();
+        let err = rt().block_on(m.recv(tag(1, 0))).unwrap_err();
+        assert_eq!(
+            err,
+            LinkError::TagMismatch {
+                expected: tag(1, 0),
+                got: other
+            }
+        );
+    }
+
+    #[test]
+    fn held_bytes_past_the_bound_overflow() {
+        let m = Matcher::new(Rank(1), 10, 1 << 20);
+        m.deliver(tag(1, 0), Bytes::from(vec![0u8; 10])).unwrap();
+        let err = m.deliver(tag(1, 1), Bytes::from(vec![0u8; 1])).unwrap_err();
+        assert_eq!(
+            err,
+            LinkError::Overflow {
+                bytes: 11,
+                limit: 10
+            }
+        );
+    }
+
+    #[test]
+    fn cancel_fails_pending_recvs_and_sends_and_the_first_reason_wins() {
+        let m = Arc::new(Matcher::new(Rank(1), 1 << 20, 4));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let _credit = rt.block_on(m.acquire(4)).unwrap();
+        let pending_recv = rt.spawn({
+            let m = m.clone();
+            async move { m.recv(tag(1, 0)).await }
+        });
+        let pending_send = rt.spawn({
+            let m = m.clone();
+            async move { m.acquire(4).await.map(|_| ()) }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let first = CancelReason::new(CloseCode::ABORTED, "first");
+        assert!(m.fail(LinkError::Cancelled(first.clone())));
+        assert!(!m.fail(LinkError::Cancelled(CancelReason::new(
+            CloseCode::LEFT,
+            "second"
+        ))));
+        let want = Err(LinkError::Cancelled(first));
+        assert_eq!(rt.block_on(pending_recv).unwrap(), want);
+        assert_eq!(
+            rt.block_on(pending_send).unwrap(),
+            want.clone().map(|_: Bytes| ())
+        );
+        assert_eq!(rt.block_on(m.recv(tag(5, 5))), want);
+    }
+
+    #[test]
+    fn a_departed_peers_last_payloads_are_still_delivered() {
+        let m = Matcher::new(Rank(1), 1 << 20, 1 << 20);
+        m.deliver(tag(1, 0), Bytes::from_static(b"last")).unwrap();
+        let gone = LinkError::PeerDeparted {
+            code: CloseCode::NORMAL,
+            detail: "done".into(),
+        };
+        m.fail(gone.clone());
+        let rt = rt();
+        assert_eq!(rt.block_on(m.recv(tag(1, 0))).unwrap(), "last");
+        assert_eq!(rt.block_on(m.recv(tag(1, 1))), Err(gone));
+    }
+
+    #[test]
+    fn a_dropped_recv_does_not_swallow_the_payload() {
+        let m = Matcher::new(Rank(1), 1 << 20, 1 << 20);
+        let rt = rt();
+        rt.block_on(async {
+            let fut = m.recv(tag(1, 0));
+            // Poll once so the waiter is registered, then drop it.
+            let _ = tokio::time::timeout(Duration::from_millis(1), fut).await;
+        });
+        m.deliver(tag(1, 0), Bytes::from_static(b"kept")).unwrap();
+        assert_eq!(rt.block_on(m.recv(tag(1, 0))).unwrap(), "kept");
+    }
+}

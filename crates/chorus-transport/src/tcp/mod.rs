@@ -1,0 +1,423 @@
+//! TCP: a transport (progress threads), a listener that authenticates whoever connects,
+//! `connect` with deadlines and backoff, and the data `Link` over a connection.
+
+mod epoll;
+mod link;
+pub(crate) mod socket;
+mod uring;
+
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chorus_protocol::message::Role;
+use chorus_protocol::{
+    AcceptorConfig, CommId, ConnectorConfig, Decoder, Encoder, Envelope, Epoch, JobSecret, Rank,
+};
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinHandle;
+
+pub use link::TcpLink;
+
+use crate::Route;
+use crate::admission::Admission;
+use crate::config::{Backend, TransportConfig};
+use crate::error::TransportError;
+use crate::fresh;
+use crate::handshake::{self, Greeted};
+use crate::matcher::Matcher;
+use crate::outbound::Outbound;
+use crate::progress::Progress;
+
+/// The backend a transport actually runs (what `Backend::Auto` resolved to).
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum BackendKind {
+    Uring,
+    Epoll,
+}
+
+/// Handshakes an accepting listener runs at once; more wait in the kernel's backlog.
+const MAX_PENDING_HANDSHAKES: usize = 256;
+
+/// The TCP transport of one process: a tokio progress thread (connection set-up, and the
+/// epoll backend's links) and, with io_uring, a ring on its own progress thread.
+#[derive(Clone, Debug)]
+pub struct TcpTransport {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: TransportConfig,
+    secret: JobSecret,
+    // Field order is drop order: links' rings stop before the runtime that set them up.
+    ring: Option<uring::Ring>,
+    progress: Progress,
+}
+
+impl TcpTransport {
+    /// Starts the progress threads. With `Backend::Auto`, a refused `io_uring_setup`
+    /// (seccomp, `kernel.io_uring_disabled`, an old kernel) falls back to epoll; with
+    /// `Backend::Uring` it is an error.
+    pub fn new(cfg: TransportConfig, secret: JobSecret) -> Result<Self, TransportError> {
+        let ring = match cfg.backend {
+            Backend::Epoll => None,
+            Backend::Uring => {
+                Some(uring::Ring::new(&cfg).map_err(TransportError::UringUnavailable)?)
+            }
+            Backend::Auto => match uring::Ring::new(&cfg) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::info!("io_uring unavailable ({e}); TCP links use epoll");
+                    None
+                }
+            },
+        };
+        let progress = Progress::start("chorus-tcp")?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                cfg,
+                secret,
+                ring,
+                progress,
+            }),
+        })
+    }
+
+    /// The backend links of this transport run on.
+    pub fn backend(&self) -> BackendKind {
+        if self.inner.ring.is_some() {
+            BackendKind::Uring
+        } else {
+            BackendKind::Epoll
+        }
+    }
+
+    pub fn config(&self) -> &TransportConfig {
+        &self.inner.cfg
+    }
+
+    /// Listens on `addr` (port 0 picks a free port; read it back with `local_addr`).
+    /// Every accepted connection must finish the handshake within the handshake deadline;
+    /// `admission` says which rank we are for the communicator a `Hello` names.
+    pub async fn listen(
+        &self,
+        addr: SocketAddr,
+        admission: Admission,
+    ) -> Result<TcpListener, TransportError> {
+        let inner = self.inner.clone();
+        self.inner
+            .progress
+            .run(async move {
+                let sock = socket::new_socket(addr, &inner.cfg)
+                    .map_err(TransportError::io("tcp socket"))?;
+                sock.set_reuseaddr(true)
+                    .map_err(TransportError::io("SO_REUSEADDR"))?;
+                sock.bind(addr).map_err(TransportError::io("bind"))?;
+                let listener = sock.listen(1024).map_err(TransportError::io("listen"))?;
+                let local = listener
+                    .local_addr()
+                    .map_err(TransportError::io("local address"))?;
+                let (tx, rx) = mpsc::channel(64);
+                let task = tokio::spawn(accept_loop(listener, inner.clone(), admission, tx));
+                Ok(TcpListener {
+                    local,
+                    rx,
+                    task,
+                    transport: TcpTransport { inner },
+                })
+            })
+            .await?
+    }
+
+    /// Connects to `addr` and runs the connector handshake as `me` (our comm, epoch and
+    /// rank) in `role`, expecting `peer` to answer. Connect attempts retry with backoff
+    /// within `connect_timeout`; the handshake has `handshake_timeout`.
+    pub async fn connect(
+        &self,
+        addr: SocketAddr,
+        role: Role,
+        me: Route,
+        peer: Rank,
+    ) -> Result<TcpConnection, TransportError> {
+        let inner = self.inner.clone();
+        self.inner
+            .progress
+            .run(async move {
+                let mut stream = socket::connect(addr, &inner.cfg).await?;
+                let deadline = Instant::now() + inner.cfg.handshake_timeout;
+                let mut config =
+                    ConnectorConfig::new(inner.secret.clone(), me, role, fresh::nonce(), deadline);
+                config.peer = Some(peer);
+                config.limits = inner.cfg.limits();
+                let (mut r, mut w) = stream.split();
+                match handshake::connect(&mut r, &mut w, addr, config).await {
+                    Ok(greeted) => Ok(TcpConnection {
+                        stream: Some(stream),
+                        greeted,
+                        addr,
+                        transport: TcpTransport { inner },
+                    }),
+                    Err(e) => {
+                        socket::shutdown_of(&stream);
+                        Err(e)
+                    }
+                }
+            })
+            .await?
+    }
+}
+
+/// Accepts connections and authenticates them; dropping it stops accepting.
+#[derive(Debug)]
+pub struct TcpListener {
+    local: SocketAddr,
+    rx: mpsc::Receiver<TcpConnection>,
+    task: JoinHandle<()>,
+    transport: TcpTransport,
+}
+
+impl TcpListener {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The next authenticated connection, waiting at most `timeout`.
+    pub async fn accept(&mut self, timeout: Duration) -> Result<TcpConnection, TransportError> {
+        let _keep = &self.transport;
+        match tokio::time::timeout(timeout, self.rx.recv()).await {
+            Ok(Some(conn)) => Ok(conn),
+            Ok(None) => Err(TransportError::Shutdown),
+            Err(_) => Err(TransportError::Io {
+                what: "accept",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no authenticated connection within {timeout:?}"),
+                ),
+            }),
+        }
+    }
+}
+
+impl Drop for TcpListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// An authenticated connection, tagged with what the handshake established. Dropping it
+/// unused shuts the socket down (principle 1).
+#[derive(Debug)]
+pub struct TcpConnection {
+    /// `None` only once moved into a link or handed out raw.
+    stream: Option<TcpStream>,
+    greeted: Greeted,
+    addr: SocketAddr,
+    transport: TcpTransport,
+}
+
+/// A connection handed out raw, for callers that speak the wire themselves (tests, tools):
+/// the blocking socket and the stream's framing state right after the handshake. The caller
+/// owns the close (`shutdown` first).
+#[derive(Debug)]
+pub struct RawConnection {
+    pub stream: std::net::TcpStream,
+    /// Our envelope on the stream.
+    pub me: Envelope,
+    /// Continues the sequence after our handshake frame.
+    pub encoder: Encoder,
+    /// Past the handshake, in the established role; holds any bytes read beyond it.
+    pub decoder: Decoder,
+}
+
+impl TcpConnection {
+    pub fn role(&self) -> Role {
+        self.greeted.role()
+    }
+    pub fn comm(&self) -> CommId {
+        self.greeted.established.comm
+    }
+    /// The peer's epoch, as its handshake frame stated it.
+    pub fn epoch(&self) -> Epoch {
+        self.greeted.established.peer_epoch
+    }
+    /// The peer's rank in `comm` at `epoch`.
+    pub fn peer_rank(&self) -> Rank {
+        self.greeted.established.peer
+    }
+    /// Our rank, as the handshake established it.
+    pub fn local_rank(&self) -> Rank {
+        self.greeted.me.sender
+    }
+    /// The protocol version the handshake negotiated.
+    pub fn version(&self) -> u16 {
+        u16::from(self.greeted.established.version)
+    }
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The raw socket and the stream's framing state (see [`RawConnection`]).
+    pub fn into_stream(mut self) -> Result<RawConnection, TransportError> {
+        let stream = self.take_stream()?;
+        let std = stream
+            .into_std()
+            .map_err(TransportError::io("detach socket from tokio"))?;
+        std.set_nonblocking(false)
+            .map_err(TransportError::io("set blocking"))?;
+        let (me, encoder, decoder) = self.take_framing();
+        Ok(RawConnection {
+            stream: std,
+            me,
+            encoder,
+            decoder,
+        })
+    }
+
+    /// Turns a `Role::Data` connection into the data link to its peer, on the transport's
+    /// backend.
+    pub fn into_link(mut self) -> Result<TcpLink, TransportError> {
+        let role = self.role();
+        if role != Role::Data {
+            return Err(TransportError::WrongRole {
+                expected: Role::Data,
+                found: role,
+            });
+        }
+        let stream = self.take_stream()?;
+        let peer = self.greeted.peer();
+        let addr = self.addr;
+        let transport = self.transport.clone();
+        let (me, encoder, decoder) = self.take_framing();
+        let inner = &transport.inner;
+        let cfg = &inner.cfg;
+        let matcher = Arc::new(Matcher::new(peer.sender, cfg.held_limit, cfg.send_window));
+        let outbound = Arc::new(Mutex::new(Outbound::new(encoder, me)));
+        let io = match &inner.ring {
+            Some(ring) => {
+                let std = stream
+                    .into_std()
+                    .map_err(TransportError::io("detach socket from tokio"))?;
+                let fd = OwnedFd::from(std);
+                let zc = cfg.zero_copy_threshold.effective(addr.ip().is_loopback());
+                link::Io::Uring(ring.attach(
+                    fd,
+                    decoder,
+                    matcher.clone(),
+                    outbound.clone(),
+                    peer,
+                    zc,
+                ))
+            }
+            None => {
+                let _guard = inner.progress.handle().enter();
+                link::Io::Epoll(epoll::EpollConn::start(
+                    inner.progress.handle(),
+                    stream,
+                    decoder,
+                    matcher.clone(),
+                    outbound.clone(),
+                    peer,
+                    cfg.depart_timeout,
+                ))
+            }
+        };
+        Ok(TcpLink {
+            matcher,
+            outbound,
+            peer,
+            io,
+        })
+    }
+
+    fn take_stream(&mut self) -> Result<TcpStream, TransportError> {
+        self.stream.take().ok_or(TransportError::Shutdown)
+    }
+
+    /// The framing state, leaving a spent placeholder behind (the connection is consumed).
+    fn take_framing(&mut self) -> (Envelope, Encoder, Decoder) {
+        let limits = *self.greeted.decoder.limits();
+        let encoder = std::mem::take(&mut self.greeted.encoder);
+        let decoder = std::mem::replace(
+            &mut self.greeted.decoder,
+            Decoder::new(chorus_protocol::Side::Acceptor, limits),
+        );
+        (self.greeted.me, encoder, decoder)
+    }
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        if let Some(stream) = &self.stream {
+            socket::shutdown_of(stream);
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    inner: Arc<Inner>,
+    admission: Admission,
+    tx: mpsc::Sender<TcpConnection>,
+) {
+    let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
+    loop {
+        let Ok(permit) = pending.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, addr) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: keep serving once descriptors free up.
+                tracing::warn!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let inner = inner.clone();
+        let admission = admission.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Some(conn) = handshake_one(stream, addr, inner, &admission).await {
+                // A listener nobody accepts from any more drops the connection (closed).
+                let _ = tx.send(conn).await;
+            }
+        });
+    }
+}
+
+async fn handshake_one(
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    inner: Arc<Inner>,
+    admission: &Admission,
+) -> Option<TcpConnection> {
+    let deadline = Instant::now() + inner.cfg.handshake_timeout;
+    let mut config = AcceptorConfig::new(inner.secret.clone(), fresh::nonce(), deadline);
+    config.limits = inner.cfg.limits();
+    let (mut r, mut w) = stream.split();
+    match handshake::accept(&mut r, &mut w, addr, config, admission).await {
+        Ok(greeted) => Some(TcpConnection {
+            stream: Some(stream),
+            greeted,
+            addr,
+            transport: TcpTransport { inner },
+        }),
+        Err(e) => {
+            // The `Reject` with the code is already on its way; now the close.
+            tracing::info!(%addr, code = %e.code(), "refused connection: {e}");
+            socket::shutdown_of(&stream);
+            None
+        }
+    }
+}
+
+/// Whether this kernel lets us set up an io_uring (tests use it to skip, saying so).
+pub fn uring_available() -> bool {
+    uring::available()
+}
