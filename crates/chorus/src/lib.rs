@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod host;
 pub mod launch;
+pub mod recorder;
 pub mod signal;
 pub mod unique_id;
 pub mod watch;
