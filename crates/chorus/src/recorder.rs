@@ -215,7 +215,7 @@ mod tests {
         let (a, _silent) = pair(&recorder);
         thread::scope(|s| {
             let h = s.spawn(|| {
-                let mut buf = vec![0u8; 64];
+                let mut buf = [0u8; 64];
                 block_on(a.all_reduce(
                     Buffer::InPlace(&mut buf[..]),
                     16,
