@@ -307,3 +307,84 @@ mod tests {
         assert_eq!(kind_of_close(CloseCode(0x7777)), ErrorKind::PeerFailed);
     }
 }
+
+/// The public error for an engine operation's failure: the kind from its root cause (an
+/// abort reason, a link failure, bad arguments), and every structured field the engine kept.
+pub(crate) fn from_op(e: &chorus_engine::OpError) -> Error {
+    use chorus_engine::context::AbortReason;
+    use chorus_engine::link::LinkError;
+    use chorus_engine::OpErrorKind;
+
+    let root = e.root_cause();
+    let mut out = match &root.kind {
+        OpErrorKind::Aborted(reason) => {
+            let (kind, peer, evidence) = match reason {
+                AbortReason::Requested { .. } => (ErrorKind::Aborted, None, None),
+                AbortReason::PeerFailed { rank, evidence } => {
+                    (ErrorKind::PeerFailed, Some(*rank), Some(*evidence))
+                }
+                AbortReason::PeerDeparted { rank, code } => (
+                    kind_of_close(*code),
+                    Some(*rank),
+                    Some(Evidence::Departed { code: *code }),
+                ),
+                AbortReason::Timeout { .. } => (ErrorKind::Timeout, None, None),
+                AbortReason::Revoked { .. } => (ErrorKind::Revoked, None, None),
+                AbortReason::Evicted => (ErrorKind::Evicted, None, None),
+                AbortReason::Shutdown => (ErrorKind::Destroyed, None, None),
+                AbortReason::OpFailed { .. } => (ErrorKind::Aborted, None, None),
+            };
+            let mut err = Error::new(kind, reason.to_string());
+            err.peer = peer;
+            err.evidence = evidence;
+            err
+        }
+        OpErrorKind::Link(link) => {
+            let (kind, evidence) = match link {
+                LinkError::Cancelled(reason) => (kind_of_cancel(reason.code), None),
+                LinkError::PeerDeparted { code, .. } => {
+                    (kind_of_close(*code), Some(Evidence::Departed { code: *code }))
+                }
+                LinkError::ConnectionLost { .. } => (
+                    ErrorKind::PeerFailed,
+                    Some(Evidence::ConnectionLost { code: CloseCode::INTERNAL }),
+                ),
+                LinkError::TagMismatch { .. } => (ErrorKind::Mismatch, None),
+                LinkError::Protocol { .. } | LinkError::Overflow { .. } => {
+                    (ErrorKind::Protocol, None)
+                }
+            };
+            let mut err = Error::new(kind, link.to_string());
+            err.evidence = evidence;
+            err
+        }
+        OpErrorKind::Device(d) => Error::new(ErrorKind::Device, d.to_string()),
+        OpErrorKind::SizeMismatch { .. } => Error::new(ErrorKind::Mismatch, root.kind.to_string()),
+        OpErrorKind::InvalidArgument(detail) => {
+            Error::new(ErrorKind::InvalidArgument, detail.clone())
+        }
+        // `root_cause` never returns a poisoned error; keep the text if it ever did.
+        OpErrorKind::Poisoned(_) => Error::new(ErrorKind::Aborted, root.kind.to_string()),
+    };
+    if !std::ptr::eq(root, e) {
+        out.detail = format!("communicator unusable after an earlier failure ({}): {}", root.op, out.detail);
+    }
+    out.collective = Some(root.collective);
+    out.op = Some(root.op);
+    out.step = root.step;
+    out.peer = out.peer.or(root.peer);
+    out.waiting_on = root.peer;
+    out.partial_output = e.partial_output || root.partial_output;
+    out
+}
+
+/// The kind of error a locally cancelled link reports: the cancel's own code says why.
+fn kind_of_cancel(code: CloseCode) -> ErrorKind {
+    match code {
+        CloseCode::DEADLINE => ErrorKind::Timeout,
+        CloseCode::REVOKED => ErrorKind::Revoked,
+        CloseCode::EVICTED => ErrorKind::Evicted,
+        CloseCode::NORMAL | CloseCode::LEFT => ErrorKind::Destroyed,
+        _ => ErrorKind::Aborted,
+    }
+}

@@ -6,17 +6,25 @@
 //! recorder. It wires the floors below together; it must never depend on the CLI, the
 //! benches or the tests.
 
+mod comm;
 pub mod config;
+mod element;
 pub mod error;
 pub mod host;
 pub mod launch;
 pub mod recorder;
+mod runtime;
 pub mod signal;
 pub mod unique_id;
 pub mod watch;
 
 pub use chorus_protocol::JobSecret;
+pub use comm::{Blocking, Comm, Health};
 pub use config::{Config, ConfigError, TransportChoice};
+pub use element::Element;
+pub use runtime::root::RootHost;
+pub use chorus_engine::{Buffer, Op, Reduction};
+pub use chorus_protocol::{CommId, DType, Epoch, Rank};
 pub use error::{Error, ErrorKind, Result};
 pub use launch::{Launch, LaunchError, LaunchSource, RootSpec};
 pub use unique_id::UniqueId;
