@@ -1,0 +1,85 @@
+//! A member's place in one epoch of a communicator: which communicator, which epoch, how
+//! many members, and which of them it is.
+
+use chorus_protocol::message::Welcome;
+use chorus_protocol::{CommId, Epoch, Rank};
+use thiserror::Error;
+
+/// One epoch of a communicator as one member holds it. Valid by construction: `rank` is
+/// below `world`, and `world` is at least 1.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct View {
+    comm: CommId,
+    epoch: Epoch,
+    world: u32,
+    rank: Rank,
+}
+
+impl View {
+    /// The view of member `rank` in a world of `world` members.
+    pub fn new(comm: CommId, epoch: Epoch, world: u32, rank: Rank) -> Result<View, ViewError> {
+        if world == 0 {
+            return Err(ViewError::EmptyWorld);
+        }
+        if rank.get() >= world {
+            return Err(ViewError::RankOutOfRange { rank, world });
+        }
+        Ok(View { comm, epoch, world, rank })
+    }
+
+    /// The view a `Welcome` gives member `rank`, after checking the table is ordered by rank.
+    pub fn from_welcome(welcome: &Welcome, rank: Rank) -> Result<View, ViewError> {
+        for (i, peer) in welcome.members.iter().enumerate() {
+            if peer.rank.index() != i {
+                return Err(ViewError::TableOrder { index: i, rank: peer.rank });
+            }
+        }
+        let world = u32::try_from(welcome.members.len()).map_err(|_| ViewError::TooLarge)?;
+        View::new(welcome.comm, welcome.epoch, world, rank)
+    }
+
+    pub fn comm(&self) -> CommId {
+        self.comm
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    pub fn world(&self) -> u32 {
+        self.world
+    }
+
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+}
+
+/// A view that cannot exist.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ViewError {
+    #[error("world size is zero")]
+    EmptyWorld,
+    #[error("rank {rank} is outside a world of {world}")]
+    RankOutOfRange { rank: Rank, world: u32 },
+    #[error("member table entry {index} holds {rank}; entries must be ordered by rank")]
+    TableOrder { index: usize, rank: Rank },
+    #[error("member table has more than 2^32 entries")]
+    TooLarge,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_impossible_views() {
+        assert_eq!(View::new(CommId(1), Epoch(0), 0, Rank(0)), Err(ViewError::EmptyWorld));
+        assert_eq!(
+            View::new(CommId(1), Epoch(0), 4, Rank(4)),
+            Err(ViewError::RankOutOfRange { rank: Rank(4), world: 4 })
+        );
+        let v = View::new(CommId(1), Epoch(3), 4, Rank(2)).unwrap();
+        assert_eq!((v.world(), v.rank(), v.epoch()), (4, Rank(2), Epoch(3)));
+    }
+}
