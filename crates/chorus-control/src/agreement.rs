@@ -396,7 +396,7 @@ impl Agreement {
             deadline: ctx.now + ctx.config.agreement_timeout,
             resend: ctx.now + ctx.config.retransmit,
         });
-        tracing::debug!(epoch = %ctx.view.epoch(), ?ballot, "agreement round started");
+        tracing::debug!(at = %ctx.now, epoch = %ctx.view.epoch(), ?ballot, "agreement round started");
         for to in ctx.present_others() {
             ctx.send(out, to, Message::Prepare(Prepare { ballot }));
         }
@@ -437,7 +437,7 @@ impl Agreement {
                 round.deadline = ctx.now + ctx.config.agreement_timeout;
                 round.resend = ctx.now + ctx.config.retransmit;
                 self.accepted = Some((ballot, proposal.clone()));
-                tracing::debug!(epoch = %ctx.view.epoch(), ?ballot, removed = ?proposal.removed, "proposing");
+                tracing::debug!(at = %ctx.now, epoch = %ctx.view.epoch(), ?ballot, removed = ?proposal.removed, "proposing");
                 for to in ctx.present_others() {
                     ctx.send(out, to, Message::Propose(Propose { ballot, proposal: proposal.clone() }));
                 }
@@ -519,7 +519,8 @@ fn present_in(ranks: &BTreeSet<Rank>, absent: &BTreeSet<Rank>) -> u32 {
 /// A fresh proposal: remove every reported absence, append pending joiners.
 fn fresh(ctx: &Ctx<'_>, absent: &BTreeSet<Rank>, joiners: &[PeerInfo]) -> Result<Proposal, crate::plan::PlanError> {
     let world = ctx.view.world();
-    let removed: BTreeSet<Rank> = absent.iter().copied().filter(|r| r.get() < world).collect();
+    // Absences reported in promises, and everything this coordinator learned since.
+    let removed: BTreeSet<Rank> = absent.union(ctx.absent).copied().filter(|r| r.get() < world).collect();
     let count = u32::try_from(joiners.len()).map_err(|_| crate::plan::PlanError::TooLarge)?;
     let plan = Plan::new(world, ctx.view.epoch(), &removed, count)?;
     let joiners = joiners

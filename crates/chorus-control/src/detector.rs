@@ -81,10 +81,16 @@ impl Detector {
         (fresh, gained)
     }
 
-    /// Forgets every watch and observer (a new epoch renumbers everyone).
-    pub(crate) fn clear(&mut self) {
-        self.observers.clear();
-        self.watches.clear();
+    /// Renumbers watches and observers for a new epoch, dropping removed ranks. A peer
+    /// watched before and after keeps its baseline: an epoch change must not give a peer
+    /// that fell silent just before it a fresh deadline.
+    pub(crate) fn renumber(&mut self, new_rank: impl Fn(Rank) -> Option<Rank>) {
+        self.observers = self.observers.iter().filter_map(|r| new_rank(*r)).collect();
+        self.watches = self
+            .watches
+            .iter()
+            .filter_map(|w| new_rank(w.rank).map(|rank| Watch { rank, ..*w }))
+            .collect();
     }
 
     /// The ranks this member heartbeats to.
@@ -212,6 +218,20 @@ mod tests {
         assert!(d.expired(ms(5000)).iter().all(|e| !matches!(e, Expiry::Dead { .. })));
         assert!(!d.expired(ms(5900)).iter().any(|e| matches!(e, Expiry::Dead { .. })));
         assert!(d.expired(ms(6001)).iter().any(|e| matches!(e, Expiry::Dead { .. })));
+    }
+
+    #[test]
+    fn renumbering_keeps_baselines_of_peers_still_watched() {
+        let (mut d, _) = detector();
+        let none = BTreeSet::new();
+        d.reset(&Ring::new(6, &none), Rank(3), ms(0));
+        d.heard(Rank(2), ms(100));
+        // Rank 0 is removed: old ranks 1..6 become 0..5; we are now rank 2, watching 1 and 0.
+        d.renumber(|r| r.get().checked_sub(1).map(Rank));
+        let (fresh, _) = d.reset(&Ring::new(5, &none), Rank(2), ms(1500));
+        assert!(fresh.is_empty(), "both watched peers were watched before");
+        let dead: Vec<_> = d.expired(ms(2000)).into_iter().filter(|e| matches!(e, Expiry::Dead { .. })).collect();
+        assert_eq!(dead, vec![Expiry::Dead { rank: Rank(0), silent: Duration::from_millis(2000) }]);
     }
 
     #[test]

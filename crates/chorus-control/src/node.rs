@@ -111,7 +111,8 @@ pub struct Node {
     links: BTreeSet<Rank>,
     next_wake: Option<Instant>,
     knowledge_at: Instant,
-    stalled: bool,
+    /// Until when an accusation of death is explained by this member's own long stall.
+    stalled_until: Option<Instant>,
     replies: BTreeMap<(Reply, u64, Rank), Instant>,
     out: Outbox,
     stats: Stats,
@@ -135,7 +136,7 @@ impl Node {
             links: BTreeSet::new(),
             next_wake: None,
             knowledge_at: now,
-            stalled: false,
+            stalled_until: None,
             replies: BTreeMap::new(),
             out: Outbox::default(),
             stats: Stats::default(),
@@ -456,7 +457,7 @@ impl Node {
             return Ok(());
         }
         if notice.subject == self.view.rank() {
-            self.accused(notice);
+            self.accused(notice, now);
             return Ok(());
         }
         if self.ledger.is_absent(notice.subject) {
@@ -531,15 +532,15 @@ impl Node {
     /// observers to lose it, that is what happened: it is evicted. Otherwise the verdict
     /// comes from a view this member cannot confirm (a partition healing) and only an
     /// agreed epoch without it evicts it.
-    fn accused(&mut self, notice: Notice) {
+    fn accused(&mut self, notice: Notice, now: Instant) {
         if notice.verdict != Verdict::Dead {
             return;
         }
-        if self.stalled {
+        if self.stalled_until.is_some_and(|until| now <= until) {
             tracing::warn!(rank = %self.view.rank(), epoch = %self.view.epoch(), origin = %notice.origin, "declared dead while stalled; evicted");
             self.evict(self.view.epoch(), Eviction::Declared { origin: notice.origin, evidence: notice.evidence });
         } else {
-            tracing::warn!(rank = %self.view.rank(), epoch = %self.view.epoch(), origin = %notice.origin, "accused of being dead while running; awaiting agreement");
+            tracing::debug!(rank = %self.view.rank(), epoch = %self.view.epoch(), origin = %notice.origin, "accused of being dead while running; awaiting agreement");
         }
     }
 
@@ -577,7 +578,7 @@ impl Node {
                 hops: notice.hops,
             },
         };
-        tracing::info!(rank = %self.view.rank(), %epoch, peer = %notice.subject, verdict = ?notice.verdict, evidence = ?notice.evidence, origin = %notice.origin, hops = notice.hops, "peer absent");
+        tracing::info!(at = %now, rank = %self.view.rank(), %epoch, peer = %notice.subject, verdict = ?notice.verdict, evidence = ?notice.evidence, origin = %notice.origin, hops = notice.hops, "peer absent");
         self.out.events.push_back(event);
         self.reset_overlay(now);
         let targets: Vec<Rank> = self.fingers.targets(from).collect();
@@ -596,7 +597,7 @@ impl Node {
         }
         self.knowledge_at = now;
         let epoch = self.view.epoch();
-        tracing::info!(rank = %self.view.rank(), %epoch, %origin, hops, "communicator revoked");
+        tracing::info!(at = %now, rank = %self.view.rank(), %epoch, %origin, hops, "communicator revoked");
         self.out.events.push_back(Event::Revoked { epoch, origin });
         let targets: Vec<Rank> = self.fingers.targets(from).collect();
         for to in targets {
@@ -628,8 +629,9 @@ impl Node {
         self.stats.stalls += 1;
         self.detector.credit_stall(stall, now);
         if stall >= self.config.deadline / 2 {
-            // Long enough that observers may have declared this member dead.
-            self.stalled = true;
+            // Long enough that observers may have declared this member dead. Their verdict
+            // reaches us as soon as we talk to them again: within a deadline, surely.
+            self.stalled_until = Some(now + self.config.deadline);
         }
         tracing::debug!(rank = %self.view.rank(), stall_ms = millis(stall), "woken late; not counting the stall against peers");
     }
@@ -729,7 +731,6 @@ impl Node {
         self.links = self.links.iter().filter_map(|r| plan.new_rank(*r)).collect();
         self.view = view;
         self.revocation = Revocation::default();
-        self.stalled = false;
         self.replies.clear();
         self.knowledge_at = now;
         let leftover: Vec<PeerInfo> = self
@@ -740,10 +741,10 @@ impl Node {
             .cloned()
             .collect();
         self.agreement = Agreement::new(now, leftover);
-        self.detector.clear();
+        self.detector.renumber(|r| plan.new_rank(r));
         self.reset_overlay(now);
         self.detector.heartbeat_now(now);
-        tracing::info!(rank = %rank, epoch = %plan.epoch(), world = plan.world(), removed = ?plan.removed(), "membership agreed");
+        tracing::info!(at = %now, rank = %rank, epoch = %plan.epoch(), world = plan.world(), removed = ?plan.removed(), "membership agreed");
         self.out.events.push_back(Event::MembershipAgreed(Agreed {
             comm: self.view.comm(),
             previous: old_epoch,
