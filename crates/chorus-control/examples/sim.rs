@@ -27,7 +27,15 @@ struct Args {
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args { ranks: 1000, seed: 7, crash: 10, freeze: 5, shrink: false, random: None, replay: None };
+    let mut a = Args {
+        ranks: 1000,
+        seed: 7,
+        crash: 10,
+        freeze: 5,
+        shrink: false,
+        random: None,
+        replay: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -83,7 +91,11 @@ fn main() -> ExitCode {
         let report = sim::run(scenario);
         println!("{report}");
         println!("wall time {:.3} s", started.elapsed().as_secs_f64());
-        return if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+        return if report.passed() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     if let Some((lo, hi)) = args.random {
         let started = Instant::now();
@@ -98,8 +110,16 @@ fn main() -> ExitCode {
                 }
             }
         }
-        println!("{} scenarios, {failed} failed, wall time {:.1} s", hi - lo, started.elapsed().as_secs_f64());
-        return if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+        println!(
+            "{} scenarios, {failed} failed, wall time {:.1} s",
+            hi - lo,
+            started.elapsed().as_secs_f64()
+        );
+        return if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     let mut scenario = Scenario::scale(args.seed, args.ranks, args.crash, args.freeze);
     if args.shrink {
@@ -123,6 +143,14 @@ fn main() -> ExitCode {
     let report = sim::run(scenario);
     let wall = started.elapsed();
     println!("{report}");
-    println!("simulator wall time {:.2} s ({:.0} events/s)", wall.as_secs_f64(), report.events as f64 / wall.as_secs_f64());
-    if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    println!(
+        "simulator wall time {:.2} s ({:.0} events/s)",
+        wall.as_secs_f64(),
+        report.events as f64 / wall.as_secs_f64()
+    );
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

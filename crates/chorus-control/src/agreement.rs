@@ -36,10 +36,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use chorus_protocol::message::{
-    Accept, Ballot, Commit, Kind, Message, PeerInfo, Prepare, Promise, Propose, Proposal,
-};
 use chorus_protocol::Rank;
+use chorus_protocol::message::{
+    Accept, Ballot, Commit, Kind, Message, PeerInfo, Prepare, Promise, Proposal, Propose,
+};
 
 use crate::config::{Config, Quorum};
 use crate::error::InputError;
@@ -73,7 +73,9 @@ impl Ctx<'_> {
 
     fn present_others(&self) -> impl Iterator<Item = Rank> + '_ {
         let me = self.me();
-        (0..self.view.world()).map(Rank).filter(move |r| *r != me && !self.absent.contains(r))
+        (0..self.view.world())
+            .map(Rank)
+            .filter(move |r| *r != me && !self.absent.contains(r))
     }
 
     fn send(&self, out: &mut Outbox, to: Rank, message: Message) {
@@ -172,14 +174,25 @@ impl Agreement {
     }
 
     /// The local runtime asks to admit `joiners`; this member coordinates.
-    pub(crate) fn admit(&mut self, joiners: Vec<PeerInfo>, ctx: &Ctx<'_>, out: &mut Outbox) -> Option<Commit> {
+    pub(crate) fn admit(
+        &mut self,
+        joiners: Vec<PeerInfo>,
+        ctx: &Ctx<'_>,
+        out: &mut Outbox,
+    ) -> Option<Commit> {
         self.joiners.extend(joiners);
         self.engaged = true;
         match &self.round {
             // A round still collecting promises picks the joiners up when it proposes.
-            Some(Round { phase: Phase::Prepare { .. }, .. }) => None,
+            Some(Round {
+                phase: Phase::Prepare { .. },
+                ..
+            }) => None,
             // A proposal in flight is fixed; the joiners wait for the next epoch.
-            Some(Round { phase: Phase::Propose { .. }, .. }) => None,
+            Some(Round {
+                phase: Phase::Propose { .. },
+                ..
+            }) => None,
             None => self.start(ctx, out),
         }
     }
@@ -193,15 +206,34 @@ impl Agreement {
     ) -> Result<(), InputError> {
         let ballot = prepare.ballot;
         if ballot.coordinator != from {
-            return Err(invalid(Kind::Prepare, "sender is not the ballot's coordinator"));
+            return Err(invalid(
+                Kind::Prepare,
+                "sender is not the ballot's coordinator",
+            ));
         }
         self.max_round = self.max_round.max(ballot.round);
         if self.promised.is_none_or(|p| ballot >= p) {
             self.follow(ballot, ctx.now);
             let accepted = self.accepted.clone();
-            ctx.send(out, from, Message::Promise(Promise { ballot, accepted, absent: ctx.absent_list() }));
+            ctx.send(
+                out,
+                from,
+                Message::Promise(Promise {
+                    ballot,
+                    accepted,
+                    absent: ctx.absent_list(),
+                }),
+            );
         } else if let Some(promised) = self.promised {
-            ctx.send(out, from, Message::Promise(Promise { ballot: promised, accepted: None, absent: Vec::new() }));
+            ctx.send(
+                out,
+                from,
+                Message::Promise(Promise {
+                    ballot: promised,
+                    accepted: None,
+                    absent: Vec::new(),
+                }),
+            );
         }
         Ok(())
     }
@@ -215,13 +247,18 @@ impl Agreement {
     ) -> Result<Option<Commit>, InputError> {
         let world = ctx.view.world();
         if let Some(bad) = promise.absent.iter().find(|r| r.get() >= world) {
-            return Err(invalid(Kind::Promise, &format!("absent {bad} outside the world")));
+            return Err(invalid(
+                Kind::Promise,
+                &format!("absent {bad} outside the world"),
+            ));
         }
         if let Some((_, proposal)) = &promise.accepted {
             check_proposal(Kind::Promise, proposal, ctx)?;
         }
         self.max_round = self.max_round.max(promise.ballot.round);
-        let Some(round) = self.round.as_mut() else { return Ok(None) };
+        let Some(round) = self.round.as_mut() else {
+            return Ok(None);
+        };
         if promise.ballot > round.ballot {
             self.yield_to(promise.ballot, ctx.now);
             return Ok(None);
@@ -245,7 +282,10 @@ impl Agreement {
     ) -> Result<(), InputError> {
         let ballot = propose.ballot;
         if ballot.coordinator != from {
-            return Err(invalid(Kind::Propose, "sender is not the ballot's coordinator"));
+            return Err(invalid(
+                Kind::Propose,
+                "sender is not the ballot's coordinator",
+            ));
         }
         check_proposal(Kind::Propose, &propose.proposal, ctx)?;
         self.max_round = self.max_round.max(ballot.round);
@@ -253,9 +293,25 @@ impl Agreement {
         if self.promised.is_none_or(|p| ballot >= p) {
             self.follow(ballot, ctx.now);
             self.accepted = Some((ballot, propose.proposal));
-            ctx.send(out, from, Message::Accept(Accept { ballot, ok: true, absent }));
+            ctx.send(
+                out,
+                from,
+                Message::Accept(Accept {
+                    ballot,
+                    ok: true,
+                    absent,
+                }),
+            );
         } else if let Some(promised) = self.promised {
-            ctx.send(out, from, Message::Accept(Accept { ballot: promised, ok: false, absent }));
+            ctx.send(
+                out,
+                from,
+                Message::Accept(Accept {
+                    ballot: promised,
+                    ok: false,
+                    absent,
+                }),
+            );
         }
         Ok(())
     }
@@ -269,10 +325,15 @@ impl Agreement {
     ) -> Result<Option<Commit>, InputError> {
         let world = ctx.view.world();
         if let Some(bad) = accept.absent.iter().find(|r| r.get() >= world) {
-            return Err(invalid(Kind::Accept, &format!("absent {bad} outside the world")));
+            return Err(invalid(
+                Kind::Accept,
+                &format!("absent {bad} outside the world"),
+            ));
         }
         self.max_round = self.max_round.max(accept.ballot.round);
-        let Some(round) = self.round.as_mut() else { return Ok(None) };
+        let Some(round) = self.round.as_mut() else {
+            return Ok(None);
+        };
         if accept.ballot > round.ballot {
             self.yield_to(accept.ballot, ctx.now);
             return Ok(None);
@@ -324,13 +385,18 @@ impl Agreement {
             if let Some(commit) = self.check(ctx, out) {
                 return Some(commit);
             }
-            let Some(round) = self.round.take() else { return None };
+            let round = self.round.take()?;
             let (votes, needed) = tally(&round, ctx);
             tracing::warn!(
                 epoch = %ctx.view.epoch(), ballot = ?round.ballot, votes, needed,
                 "agreement round timed out; retrying with a higher ballot"
             );
-            out.events.push_back(Event::AgreementStalled { epoch: ctx.view.epoch(), ballot: round.ballot, votes, needed });
+            out.events.push_back(Event::AgreementStalled {
+                epoch: ctx.view.epoch(),
+                ballot: round.ballot,
+                votes,
+                needed,
+            });
             return self.start(ctx, out);
         }
         if self.engaged && now >= self.progress + self.takeover_delay(ctx) {
@@ -348,7 +414,8 @@ impl Agreement {
         if let Some(round) = &self.round {
             return Some(round.resend.min(round.deadline));
         }
-        self.engaged.then(|| self.progress + self.takeover_delay(ctx))
+        self.engaged
+            .then(|| self.progress + self.takeover_delay(ctx))
     }
 
     fn takeover_delay(&self, ctx: &Ctx<'_>) -> Duration {
@@ -381,7 +448,10 @@ impl Agreement {
             tracing::error!(epoch = %ctx.view.epoch(), "agreement rounds exhausted at this epoch");
             return None;
         };
-        let ballot = Ballot { round, coordinator: ctx.me() };
+        let ballot = Ballot {
+            round,
+            coordinator: ctx.me(),
+        };
         self.max_round = round;
         self.engaged = true;
         self.kick = false;
@@ -392,7 +462,10 @@ impl Agreement {
         promises.insert(ctx.me(), self.accepted.clone());
         self.round = Some(Round {
             ballot,
-            phase: Phase::Prepare { promises, absent: ctx.absent.clone() },
+            phase: Phase::Prepare {
+                promises,
+                absent: ctx.absent.clone(),
+            },
             deadline: ctx.now + ctx.config.agreement_timeout,
             resend: ctx.now + ctx.config.retransmit,
         });
@@ -410,8 +483,12 @@ impl Agreement {
         let quorum = ctx.config.quorum;
         match &mut round.phase {
             Phase::Prepare { promises, absent } => {
-                let complete = voted_present(|r| promises.contains_key(r), ctx.absent, &BTreeSet::new(), promises.len())
-                    == ctx.ring().present_count();
+                let complete = voted_present(
+                    |r| promises.contains_key(r),
+                    ctx.absent,
+                    &BTreeSet::new(),
+                    promises.len(),
+                ) == ctx.ring().present_count();
                 let majority = majority(promises.len(), world);
                 let ready = match quorum {
                     Quorum::Majority => majority && (complete || ctx.now >= round.deadline),
@@ -420,7 +497,11 @@ impl Agreement {
                 if !ready {
                     return None;
                 }
-                let forced = promises.values().flatten().max_by_key(|(b, _)| *b).map(|(_, p)| p.clone());
+                let forced = promises
+                    .values()
+                    .flatten()
+                    .max_by_key(|(b, _)| *b)
+                    .map(|(_, p)| p.clone());
                 let proposal = match forced {
                     Some(p) => p,
                     None => match fresh(ctx, absent, &self.joiners) {
@@ -433,13 +514,23 @@ impl Agreement {
                     },
                 };
                 let ballot = round.ballot;
-                round.phase = Phase::Propose { proposal: proposal.clone(), accepts: BTreeSet::from([ctx.me()]) };
+                round.phase = Phase::Propose {
+                    proposal: proposal.clone(),
+                    accepts: BTreeSet::from([ctx.me()]),
+                };
                 round.deadline = ctx.now + ctx.config.agreement_timeout;
                 round.resend = ctx.now + ctx.config.retransmit;
                 self.accepted = Some((ballot, proposal.clone()));
                 tracing::debug!(at = %ctx.now, epoch = %ctx.view.epoch(), ?ballot, removed = ?proposal.removed, "proposing");
                 for to in ctx.present_others() {
-                    ctx.send(out, to, Message::Propose(Propose { ballot, proposal: proposal.clone() }));
+                    ctx.send(
+                        out,
+                        to,
+                        Message::Propose(Propose {
+                            ballot,
+                            proposal: proposal.clone(),
+                        }),
+                    );
                 }
                 self.check(ctx, out)
             }
@@ -448,14 +539,21 @@ impl Agreement {
                     Quorum::Majority => majority(accepts.len(), world),
                     Quorum::Survivors => {
                         let removed: BTreeSet<Rank> = proposal.removed.iter().copied().collect();
-                        let needed = ctx.ring().present_count().saturating_sub(present_in(&removed, ctx.absent));
-                        voted_present(|r| accepts.contains(r), ctx.absent, &removed, accepts.len()) >= needed
+                        let needed = ctx
+                            .ring()
+                            .present_count()
+                            .saturating_sub(present_in(&removed, ctx.absent));
+                        voted_present(|r| accepts.contains(r), ctx.absent, &removed, accepts.len())
+                            >= needed
                     }
                 };
                 if !ready {
                     return None;
                 }
-                let commit = Commit { ballot: round.ballot, proposal: proposal.clone() };
+                let commit = Commit {
+                    ballot: round.ballot,
+                    proposal: proposal.clone(),
+                };
                 self.round = None;
                 Some(commit)
             }
@@ -474,7 +572,14 @@ fn resend(round: &Round, ctx: &Ctx<'_>, out: &mut Outbox) {
         }
         Phase::Propose { proposal, accepts } => {
             for to in ctx.present_others().filter(|r| !accepts.contains(r)) {
-                ctx.send(out, to, Message::Propose(Propose { ballot, proposal: proposal.clone() }));
+                ctx.send(
+                    out,
+                    to,
+                    Message::Propose(Propose {
+                        ballot,
+                        proposal: proposal.clone(),
+                    }),
+                );
             }
         }
     }
@@ -517,18 +622,38 @@ fn present_in(ranks: &BTreeSet<Rank>, absent: &BTreeSet<Rank>) -> u32 {
 }
 
 /// A fresh proposal: remove every reported absence, append pending joiners.
-fn fresh(ctx: &Ctx<'_>, absent: &BTreeSet<Rank>, joiners: &[PeerInfo]) -> Result<Proposal, crate::plan::PlanError> {
+fn fresh(
+    ctx: &Ctx<'_>,
+    absent: &BTreeSet<Rank>,
+    joiners: &[PeerInfo],
+) -> Result<Proposal, crate::plan::PlanError> {
     let world = ctx.view.world();
     // Absences reported in promises, and everything this coordinator learned since.
-    let removed: BTreeSet<Rank> = absent.union(ctx.absent).copied().filter(|r| r.get() < world).collect();
+    let removed: BTreeSet<Rank> = absent
+        .union(ctx.absent)
+        .copied()
+        .filter(|r| r.get() < world)
+        .collect();
     let count = u32::try_from(joiners.len()).map_err(|_| crate::plan::PlanError::TooLarge)?;
     let plan = Plan::new(world, ctx.view.epoch(), &removed, count)?;
     let joiners = joiners
         .iter()
         .enumerate()
-        .map(|(i, p)| Ok(PeerInfo { rank: plan.joiner_rank(i).ok_or(crate::plan::PlanError::TooLarge)?, ..p.clone() }))
+        .map(|(i, p)| {
+            Ok(PeerInfo {
+                rank: plan
+                    .joiner_rank(i)
+                    .ok_or(crate::plan::PlanError::TooLarge)?,
+                ..p.clone()
+            })
+        })
         .collect::<Result<Vec<_>, crate::plan::PlanError>>()?;
-    Ok(Proposal { comm: ctx.view.comm(), epoch: plan.epoch(), removed: removed.into_iter().collect(), joiners })
+    Ok(Proposal {
+        comm: ctx.view.comm(),
+        epoch: plan.epoch(),
+        removed: removed.into_iter().collect(),
+        joiners,
+    })
 }
 
 /// A proposal must be for this communicator's next epoch and describe a valid change.
@@ -542,5 +667,8 @@ fn check_proposal(kind: Kind, proposal: &Proposal, ctx: &Ctx<'_>) -> Result<(), 
 }
 
 fn invalid(kind: Kind, reason: &str) -> InputError {
-    InputError::Invalid { kind, reason: reason.to_owned() }
+    InputError::Invalid {
+        kind,
+        reason: reason.to_owned(),
+    }
 }

@@ -40,7 +40,12 @@ pub struct Rendezvous<C> {
 
 impl<C: Copy + Eq + fmt::Debug> Rendezvous<C> {
     /// A root expecting `world` ranks, giving up `timeout` after `now`.
-    pub fn new(comm: CommId, world: u32, now: Instant, timeout: Duration) -> Result<Rendezvous<C>, BootstrapError> {
+    pub fn new(
+        comm: CommId,
+        world: u32,
+        now: Instant,
+        timeout: Duration,
+    ) -> Result<Rendezvous<C>, BootstrapError> {
         if world == 0 {
             return Err(BootstrapError::EmptyWorld);
         }
@@ -85,8 +90,15 @@ impl<C: Copy + Eq + fmt::Debug> Rendezvous<C> {
         if self.outcome.is_some() || now < self.deadline {
             return;
         }
-        let missing: Vec<Rank> = (0..self.world).map(Rank).filter(|r| self.slots[r.index()].is_none()).collect();
-        let error = BootstrapError::Timeout { joined: self.joined, world: self.world, missing };
+        let missing: Vec<Rank> = (0..self.world)
+            .map(Rank)
+            .filter(|r| self.slots[r.index()].is_none())
+            .collect();
+        let error = BootstrapError::Timeout {
+            joined: self.joined,
+            world: self.world,
+            missing,
+        };
         tracing::error!(error = %error, "bootstrap timed out");
         let detail = error.to_string();
         let joined: Vec<C> = self.slots.iter().flatten().map(|(c, _)| *c).collect();
@@ -128,11 +140,17 @@ impl<C: Copy + Eq + fmt::Debug> Rendezvous<C> {
             None => {}
         }
         if join.world != self.world {
-            return Err(JoinError::WorldMismatch { root: self.world, joiner: join.world });
+            return Err(JoinError::WorldMismatch {
+                root: self.world,
+                joiner: join.world,
+            });
         }
         let rank = join.peer.rank;
         if rank.get() >= self.world {
-            return Err(JoinError::RankOutOfRange { rank, world: self.world });
+            return Err(JoinError::RankOutOfRange {
+                rank,
+                world: self.world,
+            });
         }
         if self.slots.iter().flatten().any(|(c, _)| *c == conn) {
             return Err(JoinError::SecondJoin);
@@ -150,18 +168,29 @@ impl<C: Copy + Eq + fmt::Debug> Rendezvous<C> {
     }
 
     fn complete(&mut self) {
-        let members: Vec<PeerInfo> = self.slots.iter().flatten().map(|(_, p)| p.clone()).collect();
-        let welcome = Welcome { comm: self.comm, epoch: Epoch(0), members };
+        let members: Vec<PeerInfo> = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|(_, p)| p.clone())
+            .collect();
+        let welcome = Welcome {
+            comm: self.comm,
+            epoch: Epoch(0),
+            members,
+        };
         let conns: Vec<C> = self.slots.iter().flatten().map(|(c, _)| *c).collect();
         for conn in conns {
-            self.transmits.push_back((conn, Message::Welcome(welcome.clone())));
+            self.transmits
+                .push_back((conn, Message::Welcome(welcome.clone())));
         }
         tracing::info!(comm = %self.comm, world = self.world, "bootstrap complete");
         self.outcome = Some(Ok(welcome));
     }
 
     fn refuse(&mut self, conn: C, code: CloseCode, detail: String) {
-        self.transmits.push_back((conn, Message::Reject(Reject { code, detail })));
+        self.transmits
+            .push_back((conn, Message::Reject(Reject { code, detail })));
         self.closes.push_back((conn, code));
     }
 }
@@ -187,7 +216,9 @@ impl JoinError {
     /// The code the refusal carries.
     pub fn code(&self) -> CloseCode {
         match self {
-            JoinError::WorldMismatch { .. } | JoinError::RankOutOfRange { .. } => CloseCode::WORLD_MISMATCH,
+            JoinError::WorldMismatch { .. } | JoinError::RankOutOfRange { .. } => {
+                CloseCode::WORLD_MISMATCH
+            }
             JoinError::DuplicateRank { .. } | JoinError::Finished => CloseCode::DUPLICATE_RANK,
             JoinError::SecondJoin => CloseCode::PROTOCOL_VIOLATION,
             JoinError::TimedOut => CloseCode::DEADLINE,
@@ -201,11 +232,19 @@ pub enum BootstrapError {
     #[error("world size is zero")]
     EmptyWorld,
     #[error("bootstrap timed out: {joined} of {world} ranks joined; missing {}", list(.missing))]
-    Timeout { joined: u32, world: u32, missing: Vec<Rank> },
+    Timeout {
+        joined: u32,
+        world: u32,
+        missing: Vec<Rank>,
+    },
 }
 
 fn list(ranks: &[Rank]) -> String {
-    let mut s: Vec<String> = ranks.iter().take(NAMED_MISSING).map(|r| r.to_string()).collect();
+    let mut s: Vec<String> = ranks
+        .iter()
+        .take(NAMED_MISSING)
+        .map(|r| r.to_string())
+        .collect();
     if ranks.len() > NAMED_MISSING {
         s.push(format!("and {} more", ranks.len() - NAMED_MISSING));
     }
@@ -225,8 +264,14 @@ mod tests {
                 rank: Rank(rank),
                 host: "h".into(),
                 pid: rank,
-                control: WireAddr { ip: [0; 16], port: 1 },
-                data: WireAddr { ip: [0; 16], port: 2 },
+                control: WireAddr {
+                    ip: [0; 16],
+                    port: 1,
+                },
+                data: WireAddr {
+                    ip: [0; 16],
+                    port: 2,
+                },
                 fingerprint: [rank as u8; 32],
                 caps: 0,
                 incarnation: 1,
@@ -238,7 +283,9 @@ mod tests {
         Instant::from_micros(s * 1_000_000)
     }
 
-    fn drain(r: &mut Rendezvous<u32>) -> (Vec<(u32, Message)>, Vec<(u32, CloseCode)>) {
+    type Drained = (Vec<(u32, Message)>, Vec<(u32, CloseCode)>);
+
+    fn drain(r: &mut Rendezvous<u32>) -> Drained {
         let t = std::iter::from_fn(|| r.poll_transmit()).collect();
         let c = std::iter::from_fn(|| r.poll_close()).collect();
         (t, c)
@@ -253,10 +300,21 @@ mod tests {
         let (sent, closes) = drain(&mut r);
         assert!(closes.is_empty());
         assert_eq!(sent.len(), 3);
-        let Some(Ok(welcome)) = r.outcome() else { panic!("not complete") };
+        let Some(Ok(welcome)) = r.outcome() else {
+            panic!("not complete")
+        };
         assert_eq!(welcome.epoch, Epoch(0));
-        assert!(welcome.members.iter().enumerate().all(|(i, p)| p.rank.index() == i));
-        assert!(sent.iter().all(|(_, m)| matches!(m, Message::Welcome(w) if w == welcome)));
+        assert!(
+            welcome
+                .members
+                .iter()
+                .enumerate()
+                .all(|(i, p)| p.rank.index() == i)
+        );
+        assert!(
+            sent.iter()
+                .all(|(_, m)| matches!(m, Message::Welcome(w) if w == welcome))
+        );
         assert_eq!(r.poll_timeout(), None);
     }
 
@@ -264,18 +322,38 @@ mod tests {
     fn refuses_duplicates_and_world_mismatches_with_named_codes() {
         let mut r = Rendezvous::new(CommId(1), 4, secs(0), Duration::from_secs(10)).unwrap();
         r.handle_join(secs(0), 1, join(4, 0)).unwrap();
-        assert_eq!(r.handle_join(secs(0), 2, join(4, 0)), Err(JoinError::DuplicateRank { rank: Rank(0) }));
-        assert_eq!(r.handle_join(secs(0), 3, join(8, 1)), Err(JoinError::WorldMismatch { root: 4, joiner: 8 }));
-        assert_eq!(r.handle_join(secs(0), 4, join(4, 4)), Err(JoinError::RankOutOfRange { rank: Rank(4), world: 4 }));
-        assert_eq!(r.handle_join(secs(0), 1, join(4, 1)), Err(JoinError::SecondJoin));
+        assert_eq!(
+            r.handle_join(secs(0), 2, join(4, 0)),
+            Err(JoinError::DuplicateRank { rank: Rank(0) })
+        );
+        assert_eq!(
+            r.handle_join(secs(0), 3, join(8, 1)),
+            Err(JoinError::WorldMismatch { root: 4, joiner: 8 })
+        );
+        assert_eq!(
+            r.handle_join(secs(0), 4, join(4, 4)),
+            Err(JoinError::RankOutOfRange {
+                rank: Rank(4),
+                world: 4
+            })
+        );
+        assert_eq!(
+            r.handle_join(secs(0), 1, join(4, 1)),
+            Err(JoinError::SecondJoin)
+        );
         let (sent, closes) = drain(&mut r);
-        assert_eq!(closes, vec![
-            (2, CloseCode::DUPLICATE_RANK),
-            (3, CloseCode::WORLD_MISMATCH),
-            (4, CloseCode::WORLD_MISMATCH),
-            (1, CloseCode::PROTOCOL_VIOLATION),
-        ]);
-        assert!(matches!(&sent[0].1, Message::Reject(Reject { code, detail }) if *code == CloseCode::DUPLICATE_RANK && detail.contains("r0")));
+        assert_eq!(
+            closes,
+            vec![
+                (2, CloseCode::DUPLICATE_RANK),
+                (3, CloseCode::WORLD_MISMATCH),
+                (4, CloseCode::WORLD_MISMATCH),
+                (1, CloseCode::PROTOCOL_VIOLATION),
+            ]
+        );
+        assert!(
+            matches!(&sent[0].1, Message::Reject(Reject { code, detail }) if *code == CloseCode::DUPLICATE_RANK && detail.contains("r0"))
+        );
         assert_eq!(r.joined(), 1, "the first claimant keeps its rank");
     }
 
@@ -287,12 +365,22 @@ mod tests {
         assert!(r.outcome().is_none());
         assert_eq!(r.poll_timeout(), Some(secs(5)));
         r.handle_timeout(secs(5));
-        let Some(Err(e)) = r.outcome() else { panic!("expected a timeout") };
-        assert_eq!(e.to_string(), "bootstrap timed out: 1 of 3 ranks joined; missing r0, r2");
+        let Some(Err(e)) = r.outcome() else {
+            panic!("expected a timeout")
+        };
+        assert_eq!(
+            e.to_string(),
+            "bootstrap timed out: 1 of 3 ranks joined; missing r0, r2"
+        );
         let (sent, closes) = drain(&mut r);
         assert_eq!(closes, vec![(7, CloseCode::DEADLINE)]);
-        assert!(matches!(&sent[0].1, Message::Reject(Reject { code, .. }) if *code == CloseCode::DEADLINE));
-        assert_eq!(r.handle_join(secs(6), 8, join(3, 0)), Err(JoinError::TimedOut));
+        assert!(
+            matches!(&sent[0].1, Message::Reject(Reject { code, .. }) if *code == CloseCode::DEADLINE)
+        );
+        assert_eq!(
+            r.handle_join(secs(6), 8, join(3, 0)),
+            Err(JoinError::TimedOut)
+        );
         assert_eq!(r.poll_timeout(), None);
     }
 
@@ -310,7 +398,11 @@ mod tests {
 
     #[test]
     fn timeout_message_abbreviates_long_lists() {
-        let e = BootstrapError::Timeout { joined: 0, world: 10, missing: (0..10).map(Rank).collect() };
+        let e = BootstrapError::Timeout {
+            joined: 0,
+            world: 10,
+            missing: (0..10).map(Rank).collect(),
+        };
         assert!(e.to_string().ends_with("r7, and 2 more"));
     }
 }

@@ -40,7 +40,11 @@ impl Digest {
 
     /// The digest with the revocation folded in.
     pub(crate) fn with_revoked(self, revoked: bool) -> Digest {
-        if revoked { Digest(self.0 ^ mix(u64::MAX)) } else { self }
+        if revoked {
+            Digest(self.0 ^ mix(u64::MAX))
+        } else {
+            self
+        }
     }
 }
 
@@ -67,7 +71,10 @@ impl Fingers {
     /// Where to forward an item that arrived from `from` (`None`: originated here). The
     /// sender already has it, so it is skipped.
     pub(crate) fn targets(&self, from: Option<Rank>) -> impl Iterator<Item = Rank> + '_ {
-        self.targets.iter().copied().filter(move |t| Some(*t) != from)
+        self.targets
+            .iter()
+            .copied()
+            .filter(move |t| Some(*t) != from)
     }
 
     pub(crate) fn all(&self) -> &[Rank] {

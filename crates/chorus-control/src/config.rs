@@ -129,9 +129,17 @@ pub enum ConfigError {
     #[error("heartbeat interval is zero")]
     ZeroInterval,
     #[error("deadline {deadline:?} is shorter than two heartbeat intervals ({interval:?})")]
-    DeadlineTooShort { deadline: Duration, interval: Duration },
-    #[error("suspect_after {suspect_after:?} must be nonzero and at most the deadline {deadline:?}")]
-    SuspectAfter { suspect_after: Duration, deadline: Duration },
+    DeadlineTooShort {
+        deadline: Duration,
+        interval: Duration,
+    },
+    #[error(
+        "suspect_after {suspect_after:?} must be nonzero and at most the deadline {deadline:?}"
+    )]
+    SuspectAfter {
+        suspect_after: Duration,
+        deadline: Duration,
+    },
     #[error("observer count is zero")]
     NoObservers,
     #[error("agreement timeout is zero")]
@@ -150,7 +158,10 @@ mod tests {
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(c.heartbeat_interval, Duration::from_millis(200));
         assert_eq!(c.deadline, Duration::from_secs(2));
-        assert!(c.deadline < Duration::from_secs(10), "Open MPI's detector default");
+        assert!(
+            c.deadline < Duration::from_secs(10),
+            "Open MPI's detector default"
+        );
         assert_eq!(c.observers, 2);
         assert!(c.agreement_timeout > c.deadline);
     }
@@ -158,13 +169,23 @@ mod tests {
     #[test]
     fn rejects_a_deadline_that_a_single_late_heartbeat_would_miss() {
         let c = Config::from_timing(Duration::from_millis(100), Duration::from_millis(150));
-        assert!(matches!(c.validate(), Err(ConfigError::DeadlineTooShort { .. })));
-        let mut c = Config::default();
-        c.observers = 0;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::DeadlineTooShort { .. })
+        ));
+        let c = Config {
+            observers: 0,
+            ..Config::default()
+        };
         assert_eq!(c.validate(), Err(ConfigError::NoObservers));
-        let mut c = Config::default();
-        c.suspect_after = Duration::from_secs(3);
-        assert!(matches!(c.validate(), Err(ConfigError::SuspectAfter { .. })));
+        let c = Config {
+            suspect_after: Duration::from_secs(3),
+            ..Config::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::SuspectAfter { .. })
+        ));
         let c = Config::from_timing(Duration::ZERO, Duration::from_secs(1));
         assert_eq!(c.validate(), Err(ConfigError::ZeroInterval));
     }

@@ -61,9 +61,18 @@ impl Detector {
     /// Recomputes observers and watches for `me` on `ring`. Peers already watched keep their
     /// baseline; newly watched ones get a full deadline from `now`. Returns the ranks newly
     /// watched and the observers newly gained (to open connections to).
-    pub(crate) fn reset(&mut self, ring: &Ring<'_>, me: Rank, now: Instant) -> (Vec<Rank>, Vec<Rank>) {
+    pub(crate) fn reset(
+        &mut self,
+        ring: &Ring<'_>,
+        me: Rank,
+        now: Instant,
+    ) -> (Vec<Rank>, Vec<Rank>) {
         let observers = ring.observers(me, self.k);
-        let gained: Vec<Rank> = observers.iter().copied().filter(|o| !self.observers.contains(o)).collect();
+        let gained: Vec<Rank> = observers
+            .iter()
+            .copied()
+            .filter(|o| !self.observers.contains(o))
+            .collect();
         self.observers = observers;
         let mut fresh = Vec::new();
         let watches = ring
@@ -73,7 +82,11 @@ impl Detector {
                 Some(w) => *w,
                 None => {
                     fresh.push(rank);
-                    Watch { rank, baseline: now, suspected: false }
+                    Watch {
+                        rank,
+                        baseline: now,
+                        suspected: false,
+                    }
                 }
             })
             .collect();
@@ -146,12 +159,18 @@ impl Detector {
         self.watches.retain_mut(|w| {
             let silent = now.saturating_since(w.baseline);
             if silent >= self.deadline {
-                out.push(Expiry::Dead { rank: w.rank, silent });
+                out.push(Expiry::Dead {
+                    rank: w.rank,
+                    silent,
+                });
                 return false;
             }
             if silent >= self.suspect_after && !w.suspected {
                 w.suspected = true;
-                out.push(Expiry::Suspect { rank: w.rank, silent });
+                out.push(Expiry::Suspect {
+                    rank: w.rank,
+                    silent,
+                });
             }
             true
         });
@@ -162,7 +181,11 @@ impl Detector {
     pub(crate) fn next_deadline(&self) -> Instant {
         let mut next = self.next_heartbeat;
         for w in &self.watches {
-            let at = if w.suspected { w.baseline + self.deadline } else { w.baseline + self.suspect_after };
+            let at = if w.suspected {
+                w.baseline + self.deadline
+            } else {
+                w.baseline + self.suspect_after
+            };
             next = next.min(at);
         }
         next
@@ -202,8 +225,18 @@ mod tests {
         assert!(matches!(e[0], Expiry::Suspect { rank: Rank(0), .. }));
         d.heard(Rank(3), ms(700));
         let e = d.expired(ms(1100));
-        assert_eq!(e, vec![Expiry::Dead { rank: Rank(0), silent: Duration::from_millis(1000) }]);
-        assert_eq!(d.watched().collect::<Vec<_>>(), vec![Rank(3)], "a dead peer is no longer watched");
+        assert_eq!(
+            e,
+            vec![Expiry::Dead {
+                rank: Rank(0),
+                silent: Duration::from_millis(1000)
+            }]
+        );
+        assert_eq!(
+            d.watched().collect::<Vec<_>>(),
+            vec![Rank(3)],
+            "a dead peer is no longer watched"
+        );
     }
 
     #[test]
@@ -215,9 +248,21 @@ mod tests {
         d.heard(Rank(2), ms(100));
         // This member was frozen from 150 ms to 5 s.
         d.credit_stall(Duration::from_millis(4850), ms(5000));
-        assert!(d.expired(ms(5000)).iter().all(|e| !matches!(e, Expiry::Dead { .. })));
-        assert!(!d.expired(ms(5900)).iter().any(|e| matches!(e, Expiry::Dead { .. })));
-        assert!(d.expired(ms(6001)).iter().any(|e| matches!(e, Expiry::Dead { .. })));
+        assert!(
+            d.expired(ms(5000))
+                .iter()
+                .all(|e| !matches!(e, Expiry::Dead { .. }))
+        );
+        assert!(
+            !d.expired(ms(5900))
+                .iter()
+                .any(|e| matches!(e, Expiry::Dead { .. }))
+        );
+        assert!(
+            d.expired(ms(6001))
+                .iter()
+                .any(|e| matches!(e, Expiry::Dead { .. }))
+        );
     }
 
     #[test]
@@ -225,13 +270,23 @@ mod tests {
         let (mut d, _) = detector();
         let none = BTreeSet::new();
         d.reset(&Ring::new(6, &none), Rank(3), ms(0));
-        d.heard(Rank(2), ms(100));
+        d.heard(Rank(2), ms(900));
         // Rank 0 is removed: old ranks 1..6 become 0..5; we are now rank 2, watching 1 and 0.
         d.renumber(|r| r.get().checked_sub(1).map(Rank));
-        let (fresh, _) = d.reset(&Ring::new(5, &none), Rank(2), ms(1500));
+        let (fresh, _) = d.reset(&Ring::new(5, &none), Rank(2), ms(1000));
         assert!(fresh.is_empty(), "both watched peers were watched before");
-        let dead: Vec<_> = d.expired(ms(2000)).into_iter().filter(|e| matches!(e, Expiry::Dead { .. })).collect();
-        assert_eq!(dead, vec![Expiry::Dead { rank: Rank(0), silent: Duration::from_millis(2000) }]);
+        let dead: Vec<_> = d
+            .expired(ms(1050))
+            .into_iter()
+            .filter(|e| matches!(e, Expiry::Dead { .. }))
+            .collect();
+        assert_eq!(
+            dead,
+            vec![Expiry::Dead {
+                rank: Rank(0),
+                silent: Duration::from_millis(1050)
+            }]
+        );
     }
 
     #[test]
@@ -245,8 +300,16 @@ mod tests {
         let absent: BTreeSet<Rank> = [Rank(1)].into_iter().collect();
         let (fresh, _) = d.reset(&Ring::new(5, &absent), Rank(2), ms(1000));
         assert_eq!(fresh, vec![Rank(4)]);
-        assert!(!d.expired(ms(1899)).iter().any(|e| matches!(e, Expiry::Dead { .. })));
-        let dead: Vec<_> = d.expired(ms(2000)).into_iter().filter(|e| matches!(e, Expiry::Dead { .. })).collect();
+        assert!(
+            !d.expired(ms(1899))
+                .iter()
+                .any(|e| matches!(e, Expiry::Dead { .. }))
+        );
+        let dead: Vec<_> = d
+            .expired(ms(2000))
+            .into_iter()
+            .filter(|e| matches!(e, Expiry::Dead { .. }))
+            .collect();
         assert_eq!(dead.len(), 2);
     }
 }

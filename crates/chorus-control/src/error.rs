@@ -38,9 +38,9 @@ impl InputError {
     pub fn close_code(&self) -> Option<CloseCode> {
         match self {
             InputError::UnknownComm { .. } => Some(CloseCode::UNKNOWN_COMM),
-            InputError::RankOutOfRange { .. } | InputError::NotControl { .. } | InputError::Invalid { .. } => {
-                Some(CloseCode::PROTOCOL_VIOLATION)
-            }
+            InputError::RankOutOfRange { .. }
+            | InputError::NotControl { .. }
+            | InputError::Invalid { .. } => Some(CloseCode::PROTOCOL_VIOLATION),
             InputError::StaleEpoch { .. }
             | InputError::FutureEpoch { .. }
             | InputError::FromAbsent { .. }

@@ -11,14 +11,30 @@ use crate::plan::Plan;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A watched peer has been silent for `silent` (local and reversible; not absent).
-    PeerSuspect { epoch: Epoch, rank: Rank, silent: Duration },
+    PeerSuspect {
+        epoch: Epoch,
+        rank: Rank,
+        silent: Duration,
+    },
     /// A suspected peer was heard from again.
     PeerRecovered { epoch: Epoch, rank: Rank },
     /// `rank` is dead at `epoch`: abort every operation that involves it. `origin` reached
     /// the verdict; the notice took `hops` forwarding hops to get here.
-    PeerDead { epoch: Epoch, rank: Rank, evidence: Evidence, origin: Rank, hops: u16 },
+    PeerDead {
+        epoch: Epoch,
+        rank: Rank,
+        evidence: Evidence,
+        origin: Rank,
+        hops: u16,
+    },
     /// `rank` left at `epoch` with `code`.
-    PeerDeparted { epoch: Epoch, rank: Rank, code: CloseCode, origin: Rank, hops: u16 },
+    PeerDeparted {
+        epoch: Epoch,
+        rank: Rank,
+        code: CloseCode,
+        origin: Rank,
+        hops: u16,
+    },
     /// The communicator at `epoch` was revoked by `origin`: no further operations at it.
     Revoked { epoch: Epoch, origin: Rank },
     /// The members agreed on the next epoch; this member is `agreed.rank` in it.
@@ -26,7 +42,12 @@ pub enum Event {
     /// An agreement round at `epoch` ended without enough votes (`votes` of `needed`); the
     /// coordinator retries with a higher ballot. Under `Quorum::Majority` this repeats for
     /// as long as half the members or more are unreachable.
-    AgreementStalled { epoch: Epoch, ballot: Ballot, votes: u32, needed: u32 },
+    AgreementStalled {
+        epoch: Epoch,
+        ballot: Ballot,
+        votes: u32,
+        needed: u32,
+    },
     /// This member was removed or declared dead and must not act at `epoch` or later. The
     /// node is inert from now on.
     Evicted { epoch: Epoch, cause: Eviction },

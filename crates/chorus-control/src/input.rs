@@ -20,7 +20,11 @@ pub enum Input {
     /// transport idle timeout). Acted on at once: the peer is declared dead.
     ConnectionLost { peer: Rank, code: CloseCode },
     /// `peer`'s process was seen to exit (pidfd on this host, or the launcher).
-    PeerExited { peer: Rank, status: i32, witness: Witness },
+    PeerExited {
+        peer: Rank,
+        status: i32,
+        witness: Witness,
+    },
     /// The deadline from [`crate::Node::poll_timeout`] passed (any input also runs due timers).
     Timeout,
     /// A local request from the application or the runtime.

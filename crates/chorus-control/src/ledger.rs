@@ -13,8 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use chorus_protocol::message::{Evidence, Notice, PeerState, PeerStatus, Verdict};
 use chorus_protocol::Rank;
+use chorus_protocol::message::{Evidence, Notice, PeerState, PeerStatus, Verdict};
 
 use crate::broadcast::Digest;
 use crate::time::{Instant, millis};
@@ -85,7 +85,9 @@ impl Ledger {
 
     /// The state of `rank`: its record's, or `Alive` when nothing is known against it.
     pub fn state(&self, rank: Rank) -> PeerState {
-        self.records.get(&rank).map_or(PeerState::Alive, |r| r.state)
+        self.records
+            .get(&rank)
+            .map_or(PeerState::Alive, |r| r.state)
     }
 
     /// The digest of the absent set (see [`Digest`]).
@@ -100,7 +102,9 @@ impl Ledger {
 
     /// The notices behind every absence, to push to a peer whose digest differs.
     pub(crate) fn notices(&self) -> impl Iterator<Item = Notice> + '_ {
-        self.absent.iter().filter_map(|r| self.records.get(r).and_then(|rec| rec.notice))
+        self.absent
+            .iter()
+            .filter_map(|r| self.records.get(r).and_then(|rec| rec.notice))
     }
 
     /// The row `chorus status` shows for `rank`.
@@ -109,16 +113,25 @@ impl Ledger {
             Some(rec) => PeerStatus {
                 rank,
                 state: rec.state,
-                last_heard_ms: rec.last_heard.map_or(u64::MAX, |t| millis(now.saturating_since(t))),
+                last_heard_ms: rec
+                    .last_heard
+                    .map_or(u64::MAX, |t| millis(now.saturating_since(t))),
                 evidence: rec.evidence,
             },
-            None => PeerStatus { rank, state: PeerState::Alive, last_heard_ms: u64::MAX, evidence: None },
+            None => PeerStatus {
+                rank,
+                state: PeerState::Alive,
+                last_heard_ms: u64::MAX,
+                evidence: None,
+            },
         }
     }
 
     /// Starts tracking a peer this member will watch (`Joining` until first heard).
     pub(crate) fn watch(&mut self, rank: Rank, now: Instant) {
-        self.records.entry(rank).or_insert_with(|| PeerRecord::new(PeerState::Joining, now));
+        self.records
+            .entry(rank)
+            .or_insert_with(|| PeerRecord::new(PeerState::Joining, now));
     }
 
     /// Starts tracking a member admitted in this epoch.
@@ -151,8 +164,17 @@ impl Ledger {
 
     /// Marks a watched peer `Suspect` after `silent` without a word. Returns true if it
     /// changed state.
-    pub(crate) fn suspect(&mut self, rank: Rank, silent: Duration, deadline: Duration, now: Instant) -> bool {
-        let rec = self.records.entry(rank).or_insert_with(|| PeerRecord::new(PeerState::Alive, now));
+    pub(crate) fn suspect(
+        &mut self,
+        rank: Rank,
+        silent: Duration,
+        deadline: Duration,
+        now: Instant,
+    ) -> bool {
+        let rec = self
+            .records
+            .entry(rank)
+            .or_insert_with(|| PeerRecord::new(PeerState::Alive, now));
         if !matches!(rec.state, PeerState::Alive | PeerState::Joining) {
             return false;
         }
@@ -177,7 +199,10 @@ impl Ledger {
         if subject.get() >= self.world || self.absent.contains(&subject) {
             return false;
         }
-        let rec = self.records.entry(subject).or_insert_with(|| PeerRecord::new(state, now));
+        let rec = self
+            .records
+            .entry(subject)
+            .or_insert_with(|| PeerRecord::new(state, now));
         rec.state = state;
         rec.evidence = Some(notice.evidence);
         rec.reported_by = Some(notice.origin);
@@ -232,7 +257,9 @@ mod tests {
             origin: Rank(origin),
             subject: Rank(subject),
             verdict: Verdict::Dead,
-            evidence: Evidence::ConnectionLost { code: CloseCode::INTERNAL },
+            evidence: Evidence::ConnectionLost {
+                code: CloseCode::INTERNAL,
+            },
             hops: 0,
         }
     }
@@ -244,12 +271,20 @@ mod tests {
         assert_eq!(l.state(Rank(1)), PeerState::Joining);
         assert!(!l.heard(Rank(1), Instant::from_micros(10)));
         assert_eq!(l.state(Rank(1)), PeerState::Alive);
-        assert!(l.suspect(Rank(1), Duration::from_secs(1), Duration::from_secs(2), Instant::from_micros(20)));
+        assert!(l.suspect(
+            Rank(1),
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+            Instant::from_micros(20)
+        ));
         assert_eq!(l.state(Rank(1)), PeerState::Suspect);
         assert!(l.absent().is_empty(), "suspect must not count as absent");
         assert!(l.heard(Rank(1), Instant::from_micros(30)));
         assert_eq!(l.state(Rank(1)), PeerState::Alive);
-        assert_eq!(l.status(Rank(1), Instant::from_micros(2_030)).last_heard_ms, 2);
+        assert_eq!(
+            l.status(Rank(1), Instant::from_micros(2_030)).last_heard_ms,
+            2
+        );
     }
 
     #[test]
@@ -257,15 +292,27 @@ mod tests {
         let mut l = Ledger::new(4);
         let before = l.digest();
         assert!(l.mark_absent(dead(0, 2), Instant::from_micros(5)));
-        let departed = Notice { verdict: Verdict::Departed, ..dead(1, 2) };
+        let departed = Notice {
+            verdict: Verdict::Departed,
+            ..dead(1, 2)
+        };
         assert!(!l.mark_absent(departed, Instant::from_micros(6)));
         assert_eq!(l.state(Rank(2)), PeerState::Dead);
         assert_eq!(l.record(Rank(2)).and_then(|r| r.reported_by), Some(Rank(0)));
         assert!(!l.heard(Rank(2), Instant::from_micros(7)));
         assert_eq!(l.state(Rank(2)), PeerState::Dead);
         assert_ne!(l.digest(), before);
-        assert!(!l.mark_absent(dead(0, 9), Instant::from_micros(8)), "out of range");
-        assert!(!l.mark_absent(Notice { verdict: Verdict::Suspect, ..dead(0, 3) }, Instant::ZERO));
+        assert!(
+            !l.mark_absent(dead(0, 9), Instant::from_micros(8)),
+            "out of range"
+        );
+        assert!(!l.mark_absent(
+            Notice {
+                verdict: Verdict::Suspect,
+                ..dead(0, 3)
+            },
+            Instant::ZERO
+        ));
         assert_eq!(l.notices().count(), 1);
     }
 
@@ -285,7 +332,10 @@ mod tests {
             [Rank(4)].into_iter(),
             Instant::from_micros(1),
         );
-        assert_eq!(next.absent().iter().copied().collect::<Vec<_>>(), vec![Rank(2)]);
+        assert_eq!(
+            next.absent().iter().copied().collect::<Vec<_>>(),
+            vec![Rank(2)]
+        );
         assert_eq!(next.state(Rank(4)), PeerState::Joining);
         assert_eq!(next.notices().next().map(|n| n.subject), Some(Rank(2)));
     }

@@ -25,8 +25,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use chorus_protocol::message::{
-    Commit, Depart, Evidence, Heartbeat, Kind, Message, Notice, PeerInfo, PeerState, PeerStatus, Revoke,
-    Verdict,
+    Commit, Depart, Evidence, Heartbeat, Kind, Message, Notice, PeerInfo, PeerState, PeerStatus,
+    Revoke, Verdict,
 };
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 
@@ -162,7 +162,11 @@ impl Node {
             Input::ConnectionLost { peer, code } => {
                 self.on_local_evidence(peer, Verdict::Dead, Evidence::ConnectionLost { code }, now)
             }
-            Input::PeerExited { peer, status, witness } => {
+            Input::PeerExited {
+                peer,
+                status,
+                witness,
+            } => {
                 let evidence = match witness {
                     Witness::Pidfd => Evidence::ProcessExited { status },
                     Witness::Launcher => Evidence::LauncherWitness { status },
@@ -269,7 +273,12 @@ impl Node {
             .map(Rank)
             .map(|r| {
                 if r == self.view.rank() {
-                    PeerStatus { rank: r, state: PeerState::Alive, last_heard_ms: 0, evidence: None }
+                    PeerStatus {
+                        rank: r,
+                        state: PeerState::Alive,
+                        last_heard_ms: 0,
+                        evidence: None,
+                    }
                 } else {
                     self.ledger.status(r, now)
                 }
@@ -279,7 +288,9 @@ impl Node {
 
     /// The digest of this member's knowledge at its epoch.
     pub fn digest(&self) -> Digest {
-        self.ledger.digest().with_revoked(self.revocation.is_revoked())
+        self.ledger
+            .digest()
+            .with_revoked(self.revocation.is_revoked())
     }
 
     // -----------------------------------------------------------------------------------
@@ -289,7 +300,10 @@ impl Node {
         self.stats.frames += 1;
         let kind = frame.message.kind();
         if frame.comm != self.view.comm() {
-            return Err(InputError::UnknownComm { comm: frame.comm, expected: self.view.comm() });
+            return Err(InputError::UnknownComm {
+                comm: frame.comm,
+                expected: self.view.comm(),
+            });
         }
         if !is_control(kind) {
             return Err(InputError::NotControl { kind });
@@ -298,15 +312,24 @@ impl Node {
         if frame.epoch < current {
             self.stats.stale += 1;
             self.on_stale(&frame, now);
-            return Err(InputError::StaleEpoch { frame: frame.epoch, current });
+            return Err(InputError::StaleEpoch {
+                frame: frame.epoch,
+                current,
+            });
         }
         if frame.epoch > current {
             self.stats.future += 1;
-            return Err(InputError::FutureEpoch { frame: frame.epoch, current });
+            return Err(InputError::FutureEpoch {
+                frame: frame.epoch,
+                current,
+            });
         }
         let from = frame.from;
         if from.get() >= self.view.world() {
-            return Err(InputError::RankOutOfRange { rank: from, world: self.view.world() });
+            return Err(InputError::RankOutOfRange {
+                rank: from,
+                world: self.view.world(),
+            });
         }
         if from == self.view.rank() {
             return Err(invalid(kind, "frame claims this member's own rank"));
@@ -323,7 +346,11 @@ impl Node {
                 Ok(())
             }
             Message::Depart(depart) => {
-                let notice = self.own_notice(from, Verdict::Departed, Evidence::Departed { code: depart.code });
+                let notice = self.own_notice(
+                    from,
+                    Verdict::Departed,
+                    Evidence::Departed { code: depart.code },
+                );
                 tracing::debug!(rank = %self.view.rank(), peer = %from, code = %depart.code, detail = %depart.detail, "peer departed");
                 self.learn(notice, None, now);
                 Ok(())
@@ -331,29 +358,50 @@ impl Node {
             Message::Notice(notice) => self.on_notice(from, notice, now),
             Message::Revoke(revoke) => self.on_revoke(from, revoke, now),
             Message::Prepare(p) => {
-                let ctx = Ctx { view: self.view, absent: self.ledger.absent(), config: &self.config, now };
+                let ctx = Ctx {
+                    view: self.view,
+                    absent: self.ledger.absent(),
+                    config: &self.config,
+                    now,
+                };
                 self.agreement.on_prepare(from, p, &ctx, &mut self.out)
             }
             Message::Promise(p) => {
-                let ctx = Ctx { view: self.view, absent: self.ledger.absent(), config: &self.config, now };
+                let ctx = Ctx {
+                    view: self.view,
+                    absent: self.ledger.absent(),
+                    config: &self.config,
+                    now,
+                };
                 let decided = self.agreement.on_promise(from, p, &ctx, &mut self.out)?;
                 self.decided(decided, now);
                 Ok(())
             }
             Message::Propose(p) => {
-                let ctx = Ctx { view: self.view, absent: self.ledger.absent(), config: &self.config, now };
+                let ctx = Ctx {
+                    view: self.view,
+                    absent: self.ledger.absent(),
+                    config: &self.config,
+                    now,
+                };
                 self.agreement.on_propose(from, p, &ctx, &mut self.out)
             }
             Message::Accept(a) => {
-                let ctx = Ctx { view: self.view, absent: self.ledger.absent(), config: &self.config, now };
+                let ctx = Ctx {
+                    view: self.view,
+                    absent: self.ledger.absent(),
+                    config: &self.config,
+                    now,
+                };
                 let decided = self.agreement.on_accept(from, a, &ctx, &mut self.out)?;
                 self.decided(decided, now);
                 Ok(())
             }
             Message::Commit(c) => self.on_commit(from, c, now),
-            Message::Join(_) | Message::Welcome(_) => {
-                Err(invalid(kind, "joins go to the bootstrap root, or to the runtime as Command::Admit"))
-            }
+            Message::Join(_) | Message::Welcome(_) => Err(invalid(
+                kind,
+                "joins go to the bootstrap root, or to the runtime as Command::Admit",
+            )),
             other => Err(InputError::NotControl { kind: other.kind() }),
         }
     }
@@ -375,10 +423,20 @@ impl Node {
             return Ok(());
         }
         if code.is_departure() {
-            return self.on_local_evidence(peer, Verdict::Departed, Evidence::Departed { code }, now);
+            return self.on_local_evidence(
+                peer,
+                Verdict::Departed,
+                Evidence::Departed { code },
+                now,
+            );
         }
         if code == CloseCode::INTERNAL {
-            return self.on_local_evidence(peer, Verdict::Dead, Evidence::ConnectionLost { code }, now);
+            return self.on_local_evidence(
+                peer,
+                Verdict::Dead,
+                Evidence::ConnectionLost { code },
+                now,
+            );
         }
         // Other codes (deadline, stale epoch, protocol violation, ...) come from a live peer
         // refusing this connection: not evidence that it is gone.
@@ -386,7 +444,13 @@ impl Node {
         Ok(())
     }
 
-    fn on_local_evidence(&mut self, peer: Rank, verdict: Verdict, evidence: Evidence, now: Instant) -> Result<(), InputError> {
+    fn on_local_evidence(
+        &mut self,
+        peer: Rank,
+        verdict: Verdict,
+        evidence: Evidence,
+        now: Instant,
+    ) -> Result<(), InputError> {
         self.check_peer(peer)?;
         let notice = self.own_notice(peer, verdict, evidence);
         self.learn(notice, None, now);
@@ -402,7 +466,12 @@ impl Node {
                 self.revoke(me, 0, None, now);
             }
             Command::Shrink => {
-                let ctx = Ctx { view: self.view, absent: self.ledger.absent(), config: &self.config, now };
+                let ctx = Ctx {
+                    view: self.view,
+                    absent: self.ledger.absent(),
+                    config: &self.config,
+                    now,
+                };
                 let decided = self.agreement.request(&ctx, &mut self.out);
                 self.decided(decided, now);
             }
@@ -410,7 +479,12 @@ impl Node {
                 if joiners.is_empty() {
                     return Ok(());
                 }
-                let ctx = Ctx { view: self.view, absent: self.ledger.absent(), config: &self.config, now };
+                let ctx = Ctx {
+                    view: self.view,
+                    absent: self.ledger.absent(),
+                    config: &self.config,
+                    now,
+                };
                 let decided = self.agreement.admit(joiners, &ctx, &mut self.out);
                 self.decided(decided, now);
             }
@@ -442,14 +516,24 @@ impl Node {
         }
         // Our digest lets the sender push what it knows and we lack.
         let seq = self.detector.seq();
-        self.send(from, epoch, Message::Heartbeat(Heartbeat { seq, digest: mine.get() }));
+        self.send(
+            from,
+            epoch,
+            Message::Heartbeat(Heartbeat {
+                seq,
+                digest: mine.get(),
+            }),
+        );
     }
 
     fn on_notice(&mut self, from: Rank, notice: Notice, now: Instant) -> Result<(), InputError> {
         let world = self.view.world();
         for r in [notice.origin, notice.subject] {
             if r.get() >= world {
-                return Err(invalid(Kind::Notice, &format!("{r} outside the world of {world}")));
+                return Err(invalid(
+                    Kind::Notice,
+                    &format!("{r} outside the world of {world}"),
+                ));
             }
         }
         if notice.verdict == Verdict::Suspect {
@@ -463,7 +547,10 @@ impl Node {
         if self.ledger.is_absent(notice.subject) {
             return Ok(());
         }
-        let notice = Notice { hops: notice.hops.saturating_add(1), ..notice };
+        let notice = Notice {
+            hops: notice.hops.saturating_add(1),
+            ..notice
+        };
         self.learn(notice, Some(from), now);
         Ok(())
     }
@@ -472,7 +559,12 @@ impl Node {
         if revoke.origin.get() >= self.view.world() {
             return Err(invalid(Kind::Revoke, "origin outside the world"));
         }
-        self.revoke(revoke.origin, revoke.hops.saturating_add(1), Some(from), now);
+        self.revoke(
+            revoke.origin,
+            revoke.hops.saturating_add(1),
+            Some(from),
+            now,
+        );
         Ok(())
     }
 
@@ -485,7 +577,10 @@ impl Node {
             return Ok(());
         }
         if commit.proposal.epoch > Epoch(epoch.get().saturating_add(1)) {
-            return Err(InputError::FutureEpoch { frame: commit.proposal.epoch, current: epoch });
+            return Err(InputError::FutureEpoch {
+                frame: commit.proposal.epoch,
+                current: epoch,
+            });
         }
         let plan = Plan::from_proposal(self.view.world(), epoch, &commit.proposal)
             .map_err(|e| invalid(Kind::Commit, &e.to_string()))?;
@@ -499,8 +594,14 @@ impl Node {
         if matches!(frame.message, Message::Commit(_)) {
             return;
         }
-        let Some(next) = frame.epoch.get().checked_add(1) else { return };
-        let Some((commit, old_world, at)) = self.history.iter().find(|(c, _, _)| c.proposal.epoch.get() == next) else {
+        let Some(next) = frame.epoch.get().checked_add(1) else {
+            return;
+        };
+        let Some((commit, old_world, at)) = self
+            .history
+            .iter()
+            .find(|(c, _, _)| c.proposal.epoch.get() == next)
+        else {
             return;
         };
         if now < *at + self.config.heartbeat_interval || frame.from.get() >= *old_world {
@@ -519,7 +620,9 @@ impl Node {
         if self.ledger.state(from) != PeerState::Dead {
             return;
         }
-        let Some(notice) = self.ledger.notice(from) else { return };
+        let Some(notice) = self.ledger.notice(from) else {
+            return;
+        };
         if !self.allow(Reply::Accuse, from, now, self.config.heartbeat_interval) {
             return;
         }
@@ -538,7 +641,13 @@ impl Node {
         }
         if self.stalled_until.is_some_and(|until| now <= until) {
             tracing::warn!(rank = %self.view.rank(), epoch = %self.view.epoch(), origin = %notice.origin, "declared dead while stalled; evicted");
-            self.evict(self.view.epoch(), Eviction::Declared { origin: notice.origin, evidence: notice.evidence });
+            self.evict(
+                self.view.epoch(),
+                Eviction::Declared {
+                    origin: notice.origin,
+                    evidence: notice.evidence,
+                },
+            );
         } else {
             tracing::debug!(rank = %self.view.rank(), epoch = %self.view.epoch(), origin = %notice.origin, "accused of being dead while running; awaiting agreement");
         }
@@ -586,7 +695,12 @@ impl Node {
             self.stats.notices += 1;
             self.send(to, epoch, Message::Notice(notice));
         }
-        let ctx = Ctx { view: self.view, absent: self.ledger.absent(), config: &self.config, now };
+        let ctx = Ctx {
+            view: self.view,
+            absent: self.ledger.absent(),
+            config: &self.config,
+            now,
+        };
         let decided = self.agreement.on_view_change(&ctx, &mut self.out);
         self.decided(decided, now);
     }
@@ -606,13 +720,22 @@ impl Node {
     }
 
     fn own_notice(&self, subject: Rank, verdict: Verdict, evidence: Evidence) -> Notice {
-        Notice { origin: self.view.rank(), subject, verdict, evidence, hops: 0 }
+        Notice {
+            origin: self.view.rank(),
+            subject,
+            verdict,
+            evidence,
+            hops: 0,
+        }
     }
 
     fn heard(&mut self, from: Rank, now: Instant) {
         self.detector.heard(from, now);
         if self.ledger.heard(from, now) {
-            self.out.events.push_back(Event::PeerRecovered { epoch: self.view.epoch(), rank: from });
+            self.out.events.push_back(Event::PeerRecovered {
+                epoch: self.view.epoch(),
+                rank: from,
+            });
         }
     }
 
@@ -645,7 +768,11 @@ impl Node {
             match expiry {
                 Expiry::Suspect { rank, silent } => {
                     if self.ledger.suspect(rank, silent, self.config.deadline, now) {
-                        self.out.events.push_back(Event::PeerSuspect { epoch, rank, silent });
+                        self.out.events.push_back(Event::PeerSuspect {
+                            epoch,
+                            rank,
+                            silent,
+                        });
                     }
                 }
                 Expiry::Dead { rank, silent } => {
@@ -669,7 +796,12 @@ impl Node {
                 self.send(to, epoch, Message::Heartbeat(Heartbeat { seq, digest }));
             }
         }
-        let ctx = Ctx { view: self.view, absent: self.ledger.absent(), config: &self.config, now };
+        let ctx = Ctx {
+            view: self.view,
+            absent: self.ledger.absent(),
+            config: &self.config,
+            now,
+        };
         let decided = self.agreement.on_timeout(&ctx, &mut self.out);
         self.decided(decided, now);
     }
@@ -678,7 +810,12 @@ impl Node {
         if self.status != Status::Member {
             return None;
         }
-        let ctx = Ctx { view: self.view, absent: self.ledger.absent(), config: &self.config, now };
+        let ctx = Ctx {
+            view: self.view,
+            absent: self.ledger.absent(),
+            config: &self.config,
+            now,
+        };
         let mut next = self.detector.next_deadline();
         if let Some(at) = self.agreement.next_deadline(&ctx) {
             next = next.min(at);
@@ -693,7 +830,9 @@ impl Node {
         let Some(commit) = commit else { return };
         match Plan::from_proposal(self.view.world(), self.view.epoch(), &commit.proposal) {
             Ok(plan) => self.install(commit, plan, None, now),
-            Err(e) => tracing::error!(rank = %self.view.rank(), error = %e, "decided an invalid proposal"),
+            Err(e) => {
+                tracing::error!(rank = %self.view.rank(), error = %e, "decided an invalid proposal")
+            }
         }
     }
 
@@ -705,13 +844,19 @@ impl Node {
         for to in targets {
             self.send(to, old_epoch, Message::Commit(commit.clone()));
         }
-        self.history.push_back((commit.clone(), plan.old_world(), now));
+        self.history
+            .push_back((commit.clone(), plan.old_world(), now));
         while self.history.len() > HISTORY {
             self.history.pop_front();
         }
         let Some(rank) = plan.new_rank(self.view.rank()) else {
             tracing::warn!(rank = %self.view.rank(), epoch = %plan.epoch(), "removed by the agreed membership");
-            self.evict(plan.epoch(), Eviction::Removed { epoch: plan.epoch() });
+            self.evict(
+                plan.epoch(),
+                Eviction::Removed {
+                    epoch: plan.epoch(),
+                },
+            );
             return;
         };
         let view = match View::new(self.view.comm(), plan.epoch(), plan.world(), rank) {
@@ -723,12 +868,22 @@ impl Node {
         };
         for r in plan.removed() {
             if self.links.contains(r) {
-                self.out.intents.push_back(ConnectionIntent::Close { peer: *r, epoch: old_epoch, code: CloseCode::EVICTED });
+                self.out.intents.push_back(ConnectionIntent::Close {
+                    peer: *r,
+                    epoch: old_epoch,
+                    code: CloseCode::EVICTED,
+                });
             }
         }
         let joiner_ranks = (0..commit.proposal.joiners.len()).filter_map(|i| plan.joiner_rank(i));
-        self.ledger = self.ledger.remap(plan.world(), |r| plan.new_rank(r), joiner_ranks, now);
-        self.links = self.links.iter().filter_map(|r| plan.new_rank(*r)).collect();
+        self.ledger = self
+            .ledger
+            .remap(plan.world(), |r| plan.new_rank(r), joiner_ranks, now);
+        self.links = self
+            .links
+            .iter()
+            .filter_map(|r| plan.new_rank(*r))
+            .collect();
         self.view = view;
         self.revocation = Revocation::default();
         self.replies.clear();
@@ -759,9 +914,21 @@ impl Node {
         for n in carried {
             let event = match n.evidence {
                 Evidence::Departed { code } if n.verdict == Verdict::Departed => {
-                    Event::PeerDeparted { epoch, rank: n.subject, code, origin: n.origin, hops: 0 }
+                    Event::PeerDeparted {
+                        epoch,
+                        rank: n.subject,
+                        code,
+                        origin: n.origin,
+                        hops: 0,
+                    }
                 }
-                evidence => Event::PeerDead { epoch, rank: n.subject, evidence, origin: n.origin, hops: 0 },
+                evidence => Event::PeerDead {
+                    epoch,
+                    rank: n.subject,
+                    evidence,
+                    origin: n.origin,
+                    hops: 0,
+                },
             };
             self.out.events.push_back(event);
         }
@@ -772,7 +939,11 @@ impl Node {
         self.out.events.push_back(Event::Evicted { epoch, cause });
         let old = self.view.epoch();
         for peer in std::mem::take(&mut self.links) {
-            self.out.intents.push_back(ConnectionIntent::Close { peer, epoch: old, code: CloseCode::ABORTED });
+            self.out.intents.push_back(ConnectionIntent::Close {
+                peer,
+                epoch: old,
+                code: CloseCode::ABORTED,
+            });
         }
         self.next_wake = None;
     }
@@ -786,10 +957,19 @@ impl Node {
         to.extend(self.fingers.all().iter().copied());
         to.remove(&self.view.rank());
         for peer in &to {
-            self.send(*peer, epoch, Message::Depart(Depart { code, detail: detail.clone() }));
+            self.send(
+                *peer,
+                epoch,
+                Message::Depart(Depart {
+                    code,
+                    detail: detail.clone(),
+                }),
+            );
         }
         for peer in to {
-            self.out.intents.push_back(ConnectionIntent::Close { peer, epoch, code });
+            self.out
+                .intents
+                .push_back(ConnectionIntent::Close { peer, epoch, code });
         }
         self.links.clear();
         self.status = Status::Departed { code };
@@ -816,18 +996,28 @@ impl Node {
         wanted.extend(self.fingers.all().iter().copied());
         for peer in wanted {
             if self.links.insert(peer) {
-                self.out.intents.push_back(ConnectionIntent::Open { peer, epoch });
+                self.out
+                    .intents
+                    .push_back(ConnectionIntent::Open { peer, epoch });
             }
         }
     }
 
     fn send(&mut self, to: Rank, epoch: Epoch, message: Message) {
-        self.out.transmits.push_back(Transmit { to, comm: self.view.comm(), epoch, message });
+        self.out.transmits.push_back(Transmit {
+            to,
+            comm: self.view.comm(),
+            epoch,
+            message,
+        });
     }
 
     fn check_peer(&self, peer: Rank) -> Result<(), InputError> {
         if peer.get() >= self.view.world() {
-            return Err(InputError::RankOutOfRange { rank: peer, world: self.view.world() });
+            return Err(InputError::RankOutOfRange {
+                rank: peer,
+                world: self.view.world(),
+            });
         }
         if peer == self.view.rank() {
             return Err(invalid(Kind::Notice, "event about this member's own rank"));
@@ -869,9 +1059,762 @@ fn is_control(kind: Kind) -> bool {
 }
 
 fn same_process(a: &PeerInfo, b: &PeerInfo) -> bool {
-    a.fingerprint == b.fingerprint && a.incarnation == b.incarnation && a.pid == b.pid && a.host == b.host
+    a.fingerprint == b.fingerprint
+        && a.incarnation == b.incarnation
+        && a.pid == b.pid
+        && a.host == b.host
 }
 
 fn invalid(kind: Kind, reason: &str) -> InputError {
-    InputError::Invalid { kind, reason: reason.to_owned() }
+    InputError::Invalid {
+        kind,
+        reason: reason.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chorus_protocol::OpSeq;
+    use chorus_protocol::message::{
+        Accept, Ballot, Chunk, ChunkHeader, Prepare, Promise, Proposal, Propose, StatusRequest,
+    };
+
+    use super::*;
+
+    const COMM: CommId = CommId(7);
+
+    fn ms(v: u64) -> Instant {
+        Instant::from_micros(v * 1000)
+    }
+
+    fn node(world: u32, rank: u32) -> Node {
+        let view = View::new(COMM, Epoch(0), world, Rank(rank)).unwrap();
+        Node::new(Config::default(), view, ms(0)).unwrap()
+    }
+
+    fn frame(from: u32, epoch: u64, message: Message) -> Input {
+        Input::Frame(Frame {
+            from: Rank(from),
+            comm: COMM,
+            epoch: Epoch(epoch),
+            message,
+        })
+    }
+
+    fn transmits(n: &mut Node) -> Vec<Transmit> {
+        std::iter::from_fn(|| n.poll_transmit()).collect()
+    }
+
+    fn events(n: &mut Node) -> Vec<Event> {
+        std::iter::from_fn(|| n.poll_event()).collect()
+    }
+
+    fn intents(n: &mut Node) -> Vec<ConnectionIntent> {
+        std::iter::from_fn(|| n.poll_intent()).collect()
+    }
+
+    fn heartbeat() -> Message {
+        Message::Heartbeat(Heartbeat { seq: 1, digest: 0 })
+    }
+
+    #[test]
+    fn a_new_node_opens_its_neighbours_and_heartbeats_its_observers() {
+        let mut n = node(8, 3);
+        let opened: Vec<Rank> = intents(&mut n)
+            .into_iter()
+            .map(|i| match i {
+                ConnectionIntent::Open { peer, epoch } => {
+                    assert_eq!(epoch, Epoch(0));
+                    peer
+                }
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        // Observers 4 and 5, watched 2 and 1, fingers 4, 5 and 7.
+        assert_eq!(opened, vec![Rank(4), Rank(5), Rank(2), Rank(1), Rank(7)]);
+        assert_eq!(n.poll_timeout(), Some(ms(0)));
+        n.handle(ms(0), Input::Timeout).unwrap();
+        let hb: Vec<Rank> = transmits(&mut n).iter().map(|t| t.to).collect();
+        assert_eq!(hb, vec![Rank(4), Rank(5)]);
+        assert_eq!(
+            n.poll_timeout(),
+            Some(ms(200)),
+            "next heartbeat one interval later"
+        );
+    }
+
+    #[test]
+    fn silence_past_the_deadline_is_a_verdict_that_floods() {
+        let mut n = node(8, 3);
+        n.handle(ms(0), Input::Timeout).unwrap();
+        let mut t = 0;
+        while t < 2_000 {
+            t += 200;
+            n.handle(ms(t), frame(2, 0, heartbeat())).unwrap();
+            n.handle(ms(t), Input::Timeout).unwrap();
+        }
+        let evs = events(&mut n);
+        assert!(
+            evs.iter()
+                .any(|e| matches!(e, Event::PeerSuspect { rank: Rank(1), .. })),
+            "{evs:?}"
+        );
+        let dead = evs.iter().find_map(|e| match e {
+            Event::PeerDead {
+                rank,
+                evidence,
+                origin,
+                hops,
+                ..
+            } => Some((*rank, *evidence, *origin, *hops)),
+            _ => None,
+        });
+        assert_eq!(
+            dead,
+            Some((
+                Rank(1),
+                Evidence::MissedDeadline {
+                    silent_ms: 2000,
+                    deadline_ms: 2000
+                },
+                Rank(3),
+                0
+            ))
+        );
+        assert!(n.ledger().is_absent(Rank(1)));
+        assert_eq!(n.ledger().state(Rank(2)), PeerState::Alive);
+        let notices: Vec<Rank> = transmits(&mut n)
+            .into_iter()
+            .filter(|t| {
+                matches!(
+                    t.message,
+                    Message::Notice(Notice {
+                        subject: Rank(1),
+                        ..
+                    })
+                )
+            })
+            .map(|t| t.to)
+            .collect();
+        assert_eq!(notices, vec![Rank(4), Rank(5), Rank(7)]);
+        // The ring closed over rank 1: rank 3 now watches 2 and 0.
+        assert_eq!(n.watched(), vec![Rank(2), Rank(0)]);
+    }
+
+    #[test]
+    fn frames_that_do_not_belong_are_refused_without_effect() {
+        let mut n = node(4, 1);
+        let wrong_comm = Input::Frame(Frame {
+            from: Rank(0),
+            comm: CommId(8),
+            epoch: Epoch(0),
+            message: heartbeat(),
+        });
+        let e = n.handle(ms(1), wrong_comm).unwrap_err();
+        assert_eq!(e.close_code(), Some(CloseCode::UNKNOWN_COMM));
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 1, heartbeat())),
+            Err(InputError::FutureEpoch { .. })
+        ));
+        assert!(matches!(
+            n.handle(ms(1), frame(9, 0, heartbeat())),
+            Err(InputError::RankOutOfRange { .. })
+        ));
+        assert!(matches!(
+            n.handle(ms(1), frame(1, 0, heartbeat())),
+            Err(InputError::Invalid { .. })
+        ));
+        let chunk = Message::Chunk(Chunk {
+            header: ChunkHeader {
+                collective: 0,
+                dtype: 0,
+                op: OpSeq(0),
+                step: 0,
+                offset: 0,
+            },
+            payload: Default::default(),
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, chunk)),
+            Err(InputError::NotControl { .. })
+        ));
+        let status = Message::StatusRequest(StatusRequest { max_ops: 1 });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, status)),
+            Err(InputError::NotControl { .. })
+        ));
+        assert!(matches!(
+            n.handle(
+                ms(1),
+                Input::ConnectionLost {
+                    peer: Rank(4),
+                    code: CloseCode::INTERNAL
+                }
+            ),
+            Err(InputError::RankOutOfRange { .. })
+        ));
+        assert!(matches!(
+            n.handle(
+                ms(1),
+                Input::ConnectionLost {
+                    peer: Rank(1),
+                    code: CloseCode::INTERNAL
+                }
+            ),
+            Err(InputError::Invalid { .. })
+        ));
+        assert!(n.ledger().absent().is_empty());
+        assert!(events(&mut n).is_empty());
+    }
+
+    #[test]
+    fn malformed_control_messages_are_invalid_not_panics() {
+        let mut n = node(4, 1);
+        let bad_notice = Notice {
+            origin: Rank(0),
+            subject: Rank(40),
+            verdict: Verdict::Dead,
+            evidence: Evidence::ConnectionLost {
+                code: CloseCode::INTERNAL,
+            },
+            hops: u16::MAX,
+        };
+        let e = n
+            .handle(ms(1), frame(0, 0, Message::Notice(bad_notice)))
+            .unwrap_err();
+        assert_eq!(e.close_code(), Some(CloseCode::PROTOCOL_VIOLATION));
+        let ballot = Ballot {
+            round: 1,
+            coordinator: Rank(0),
+        };
+        let impostor = Message::Prepare(Prepare {
+            ballot: Ballot {
+                round: 1,
+                coordinator: Rank(2),
+            },
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, impostor)),
+            Err(InputError::Invalid { .. })
+        ));
+        let unsorted = Proposal {
+            comm: COMM,
+            epoch: Epoch(1),
+            removed: vec![Rank(3), Rank(2)],
+            joiners: vec![],
+        };
+        let propose = Message::Propose(Propose {
+            ballot,
+            proposal: unsorted,
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, propose)),
+            Err(InputError::Invalid { .. })
+        ));
+        let everyone = Proposal {
+            comm: COMM,
+            epoch: Epoch(1),
+            removed: (0..4).map(Rank).collect(),
+            joiners: vec![],
+        };
+        let commit = Message::Commit(Commit {
+            ballot,
+            proposal: everyone,
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, commit)),
+            Err(InputError::Invalid { .. })
+        ));
+        let far = Proposal {
+            comm: COMM,
+            epoch: Epoch(9),
+            removed: vec![],
+            joiners: vec![],
+        };
+        let commit = Message::Commit(Commit {
+            ballot,
+            proposal: far,
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, commit)),
+            Err(InputError::FutureEpoch { .. })
+        ));
+        let promise = Message::Promise(Promise {
+            ballot,
+            accepted: None,
+            absent: vec![Rank(u32::MAX)],
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, promise)),
+            Err(InputError::Invalid { .. })
+        ));
+        let accept = Message::Accept(Accept {
+            ballot,
+            ok: true,
+            absent: vec![Rank(4)],
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, accept)),
+            Err(InputError::Invalid { .. })
+        ));
+        assert_eq!(n.epoch(), Epoch(0));
+        assert_eq!(n.status(), Status::Member);
+    }
+
+    #[test]
+    fn departure_is_a_message_then_a_close_then_silence() {
+        let mut n = node(8, 3);
+        intents(&mut n);
+        n.handle(
+            ms(5),
+            Input::Command(Command::Depart {
+                code: CloseCode::LEFT,
+                detail: "bye".into(),
+            }),
+        )
+        .unwrap();
+        let sent = transmits(&mut n);
+        assert!(!sent.is_empty());
+        assert!(
+            sent.iter()
+                .all(|t| matches!(&t.message, Message::Depart(d) if d.code == CloseCode::LEFT))
+        );
+        let closes = intents(&mut n);
+        assert_eq!(closes.len(), sent.len());
+        assert!(closes.iter().all(|i| matches!(
+            i,
+            ConnectionIntent::Close {
+                code: CloseCode::LEFT,
+                ..
+            }
+        )));
+        assert_eq!(
+            n.status(),
+            Status::Departed {
+                code: CloseCode::LEFT
+            }
+        );
+        assert_eq!(n.poll_timeout(), None);
+        assert_eq!(n.handle(ms(6), Input::Timeout), Err(InputError::Inactive));
+        assert_eq!(
+            n.handle(ms(6), Input::Command(Command::Abort)),
+            Ok(()),
+            "abort after leaving is a no-op"
+        );
+        assert!(transmits(&mut n).is_empty());
+    }
+
+    #[test]
+    fn a_depart_frame_or_a_departure_close_is_learned_at_once() {
+        let mut n = node(8, 3);
+        let depart = Message::Depart(Depart {
+            code: CloseCode::NORMAL,
+            detail: String::new(),
+        });
+        n.handle(ms(1), frame(6, 0, depart)).unwrap();
+        n.handle(
+            ms(1),
+            Input::ConnectionClosed {
+                peer: Rank(2),
+                code: CloseCode::ABORTED,
+            },
+        )
+        .unwrap();
+        let departed: Vec<(Rank, CloseCode)> = events(&mut n)
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::PeerDeparted { rank, code, .. } => Some((rank, code)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            departed,
+            vec![(Rank(6), CloseCode::NORMAL), (Rank(2), CloseCode::ABORTED)]
+        );
+        assert_eq!(n.ledger().state(Rank(6)), PeerState::Departed);
+        // A close from a live peer refusing us is not evidence.
+        n.handle(
+            ms(2),
+            Input::ConnectionClosed {
+                peer: Rank(5),
+                code: CloseCode::STALE_EPOCH,
+            },
+        )
+        .unwrap();
+        assert!(!n.ledger().is_absent(Rank(5)));
+    }
+
+    #[test]
+    fn conclusive_local_evidence_acts_without_waiting() {
+        let mut n = node(8, 3);
+        n.handle(
+            ms(1),
+            Input::ConnectionLost {
+                peer: Rank(5),
+                code: CloseCode::INTERNAL,
+            },
+        )
+        .unwrap();
+        n.handle(
+            ms(1),
+            Input::PeerExited {
+                peer: Rank(6),
+                status: 9,
+                witness: Witness::Pidfd,
+            },
+        )
+        .unwrap();
+        n.handle(
+            ms(1),
+            Input::PeerExited {
+                peer: Rank(7),
+                status: 0,
+                witness: Witness::Launcher,
+            },
+        )
+        .unwrap();
+        let evidence: Vec<(Rank, Evidence)> = events(&mut n)
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::PeerDead { rank, evidence, .. } => Some((rank, evidence)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            evidence,
+            vec![
+                (
+                    Rank(5),
+                    Evidence::ConnectionLost {
+                        code: CloseCode::INTERNAL
+                    }
+                ),
+                (Rank(6), Evidence::ProcessExited { status: 9 }),
+                (Rank(7), Evidence::LauncherWitness { status: 0 }),
+            ]
+        );
+        let rows = n.peers(ms(1));
+        assert_eq!(rows.len(), 8);
+        assert_eq!(rows[5].state, PeerState::Dead);
+        assert_eq!(rows[3].state, PeerState::Alive);
+    }
+
+    #[test]
+    fn revoke_is_idempotent_and_floods_once() {
+        let mut n = node(8, 3);
+        n.handle(ms(1), Input::Command(Command::Revoke)).unwrap();
+        assert_eq!(
+            events(&mut n),
+            vec![Event::Revoked {
+                epoch: Epoch(0),
+                origin: Rank(3)
+            }]
+        );
+        assert_eq!(
+            transmits(&mut n)
+                .iter()
+                .filter(|t| matches!(t.message, Message::Revoke(_)))
+                .count(),
+            3
+        );
+        n.handle(ms(2), Input::Command(Command::Revoke)).unwrap();
+        n.handle(
+            ms(2),
+            frame(
+                1,
+                0,
+                Message::Revoke(Revoke {
+                    origin: Rank(1),
+                    hops: 0,
+                }),
+            ),
+        )
+        .unwrap();
+        assert!(events(&mut n).is_empty());
+        assert!(
+            transmits(&mut n)
+                .iter()
+                .all(|t| !matches!(t.message, Message::Revoke(_)))
+        );
+        assert_eq!(n.revoked_by(), Some(Rank(3)));
+        assert_ne!(
+            n.digest(),
+            Digest::default(),
+            "the revocation is in the digest"
+        );
+    }
+
+    #[test]
+    fn declared_dead_while_stalled_means_evicted() {
+        let mut n = node(4, 1);
+        n.handle(ms(0), Input::Timeout).unwrap();
+        let accusation = Notice {
+            origin: Rank(2),
+            subject: Rank(1),
+            verdict: Verdict::Dead,
+            evidence: Evidence::MissedDeadline {
+                silent_ms: 2000,
+                deadline_ms: 2000,
+            },
+            hops: 0,
+        };
+        // Running normally: an accusation is not enough.
+        n.handle(ms(100), frame(2, 0, Message::Notice(accusation)))
+            .unwrap();
+        assert_eq!(n.status(), Status::Member);
+        // Frozen for three seconds (woken far past its timer), then told it was declared dead.
+        n.handle(ms(3_300), frame(2, 0, Message::Notice(accusation)))
+            .unwrap();
+        assert_eq!(n.status(), Status::Evicted);
+        let evs = events(&mut n);
+        assert!(
+            evs.iter().any(|e| matches!(
+                e,
+                Event::Evicted {
+                    cause: Eviction::Declared {
+                        origin: Rank(2),
+                        ..
+                    },
+                    ..
+                }
+            )),
+            "{evs:?}"
+        );
+        assert!(
+            evs.iter().all(|e| !matches!(e, Event::PeerDead { .. })),
+            "its own stall must not condemn its peers"
+        );
+        assert!(intents(&mut n).iter().any(|i| matches!(
+            i,
+            ConnectionIntent::Close {
+                code: CloseCode::ABORTED,
+                ..
+            }
+        )));
+        assert_eq!(
+            n.handle(ms(3_301), Input::Timeout),
+            Err(InputError::Inactive)
+        );
+    }
+
+    #[test]
+    fn a_close_with_evicted_evicts() {
+        let mut n = node(4, 1);
+        n.handle(
+            ms(1),
+            Input::ConnectionClosed {
+                peer: Rank(0),
+                code: CloseCode::EVICTED,
+            },
+        )
+        .unwrap();
+        assert_eq!(n.status(), Status::Evicted);
+        assert!(matches!(
+            events(&mut n).as_slice(),
+            [Event::Evicted {
+                cause: Eviction::Closed { peer: Rank(0) },
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn a_sole_member_agrees_with_itself() {
+        let mut n = node(1, 0);
+        n.handle(ms(1), Input::Command(Command::Shrink)).unwrap();
+        let agreed = events(&mut n).into_iter().find_map(|e| match e {
+            Event::MembershipAgreed(a) => Some(a),
+            _ => None,
+        });
+        let agreed = agreed.expect("agreed");
+        assert_eq!(
+            (agreed.epoch(), agreed.world(), agreed.rank),
+            (Epoch(1), 1, Rank(0))
+        );
+        assert_eq!(n.epoch(), Epoch(1));
+    }
+
+    /// Three members, rank 2 dead: rank 0 coordinates the shrink by hand-carried frames,
+    /// and afterwards answers a laggard's stale frame with the commit it missed.
+    #[test]
+    fn shrink_by_paxos_then_catch_up_a_laggard() {
+        let mut c = node(3, 0);
+        let mut m = node(3, 1);
+        for n in [&mut c, &mut m] {
+            n.handle(
+                ms(1),
+                Input::ConnectionLost {
+                    peer: Rank(2),
+                    code: CloseCode::INTERNAL,
+                },
+            )
+            .unwrap();
+            transmits(n);
+            events(n);
+        }
+        m.handle(ms(2), Input::Command(Command::Shrink)).unwrap();
+        assert!(
+            transmits(&mut m).is_empty(),
+            "rank 1 waits for the lowest present rank to coordinate"
+        );
+        c.handle(ms(2), Input::Command(Command::Shrink)).unwrap();
+        let prepare = transmits(&mut c);
+        assert_eq!(prepare.len(), 1);
+        assert_eq!(prepare[0].to, Rank(1));
+        m.handle(ms(3), frame(0, 0, prepare[0].message.clone()))
+            .unwrap();
+        let promise = transmits(&mut m);
+        assert!(matches!(&promise[0].message, Message::Promise(p) if p.absent == vec![Rank(2)]));
+        c.handle(ms(4), frame(1, 0, promise[0].message.clone()))
+            .unwrap();
+        let propose = transmits(&mut c);
+        let Message::Propose(p) = &propose[0].message else {
+            panic!("{propose:?}")
+        };
+        assert_eq!(p.proposal.removed, vec![Rank(2)]);
+        assert_eq!(p.proposal.epoch, Epoch(1));
+        m.handle(ms(5), frame(0, 0, propose[0].message.clone()))
+            .unwrap();
+        let accept = transmits(&mut m);
+        c.handle(ms(6), frame(1, 0, accept[0].message.clone()))
+            .unwrap();
+        assert_eq!(c.epoch(), Epoch(1));
+        let agreed = events(&mut c).into_iter().find_map(|e| match e {
+            Event::MembershipAgreed(a) => Some(a),
+            _ => None,
+        });
+        let agreed = agreed.expect("the coordinator installed");
+        assert_eq!(
+            (agreed.world(), agreed.rank, agreed.plan.removed()),
+            (2, Rank(0), &[Rank(2)][..])
+        );
+        let flood = transmits(&mut c);
+        let commit = flood
+            .iter()
+            .find(|t| matches!(t.message, Message::Commit(_)))
+            .expect("commit flooded");
+        assert_eq!((commit.to, commit.epoch), (Rank(1), Epoch(0)));
+        assert!(intents(&mut c).iter().any(|i| matches!(
+            i,
+            ConnectionIntent::Close {
+                peer: Rank(2),
+                code: CloseCode::EVICTED,
+                ..
+            }
+        )));
+        // The member never got the commit; its next stale heartbeat is answered with it.
+        assert_eq!(
+            c.handle(ms(7), frame(1, 0, heartbeat())),
+            Err(InputError::StaleEpoch {
+                frame: Epoch(0),
+                current: Epoch(1)
+            })
+        );
+        assert!(
+            transmits(&mut c).is_empty(),
+            "the flood gets a heartbeat interval first"
+        );
+        assert!(c.handle(ms(300), frame(1, 0, heartbeat())).is_err());
+        let catch_up: Vec<Transmit> = transmits(&mut c)
+            .into_iter()
+            .filter(|t| t.epoch == Epoch(0))
+            .collect();
+        assert!(
+            matches!(
+                catch_up.as_slice(),
+                [Transmit {
+                    to: Rank(1),
+                    message: Message::Commit(_),
+                    ..
+                }]
+            ),
+            "{catch_up:?}"
+        );
+        m.handle(ms(301), frame(0, 0, catch_up[0].message.clone()))
+            .unwrap();
+        assert_eq!((m.epoch(), m.rank(), m.world()), (Epoch(1), Rank(1), 2));
+        // Nothing from the old epoch is accepted after the commit.
+        assert!(matches!(
+            m.handle(ms(302), frame(0, 0, heartbeat())),
+            Err(InputError::StaleEpoch { .. })
+        ));
+    }
+
+    #[test]
+    fn a_frame_from_a_dead_rank_is_answered_with_its_verdict() {
+        let mut n = node(4, 1);
+        n.handle(
+            ms(1),
+            Input::ConnectionLost {
+                peer: Rank(3),
+                code: CloseCode::INTERNAL,
+            },
+        )
+        .unwrap();
+        transmits(&mut n);
+        assert_eq!(
+            n.handle(ms(2), frame(3, 0, heartbeat())),
+            Err(InputError::FromAbsent { rank: Rank(3) })
+        );
+        let reply = transmits(&mut n);
+        assert!(matches!(
+            reply.as_slice(),
+            [Transmit {
+                to: Rank(3),
+                message: Message::Notice(Notice {
+                    subject: Rank(3),
+                    verdict: Verdict::Dead,
+                    ..
+                }),
+                ..
+            }]
+        ));
+        assert!(n.handle(ms(3), frame(3, 0, heartbeat())).is_err());
+        assert!(transmits(&mut n).is_empty(), "rate limited");
+    }
+
+    #[test]
+    fn a_differing_digest_is_repaired_by_pushing_notices() {
+        let mut n = node(8, 3);
+        n.handle(
+            ms(1),
+            Input::ConnectionLost {
+                peer: Rank(6),
+                code: CloseCode::INTERNAL,
+            },
+        )
+        .unwrap();
+        transmits(&mut n);
+        // Rank 2 heartbeats with an empty digest long after: it missed the notice.
+        n.handle(ms(500), frame(2, 0, heartbeat())).unwrap();
+        let pushed = transmits(&mut n);
+        assert!(pushed.iter().any(|t| t.to == Rank(2)
+            && matches!(
+                t.message,
+                Message::Notice(Notice {
+                    subject: Rank(6),
+                    ..
+                })
+            )));
+        assert!(pushed.iter().any(|t| t.to == Rank(2)
+            && matches!(t.message, Message::Heartbeat(h) if h.digest == n.digest().get())));
+        n.handle(ms(501), frame(2, 0, heartbeat())).unwrap();
+        assert!(
+            transmits(&mut n).iter().all(|t| t.to != Rank(2)),
+            "rate limited to one repair per interval"
+        );
+    }
+
+    #[test]
+    fn a_rejected_config_is_an_error() {
+        let view = View::new(COMM, Epoch(0), 2, Rank(0)).unwrap();
+        let config = Config {
+            observers: 0,
+            ..Config::default()
+        };
+        assert_eq!(
+            Node::new(config, view, ms(0)).unwrap_err(),
+            ConfigError::NoObservers
+        );
+    }
 }

@@ -35,7 +35,8 @@ impl<'a> Ring<'a> {
     /// How many ranks are present.
     pub fn present_count(&self) -> u32 {
         let absent_here = self.absent.range(..Rank(self.world)).count();
-        self.world.saturating_sub(u32::try_from(absent_here).unwrap_or(u32::MAX))
+        self.world
+            .saturating_sub(u32::try_from(absent_here).unwrap_or(u32::MAX))
     }
 
     /// The `k` nearest present ranks after `me`, nearest first (fewer if the ring is small).
@@ -82,7 +83,8 @@ impl<'a> Ring<'a> {
     /// How many present ranks are numbered below `me`.
     pub fn position(&self, me: Rank) -> u32 {
         let below = self.absent.range(..me).count();
-        me.get().saturating_sub(u32::try_from(below).unwrap_or(u32::MAX))
+        me.get()
+            .saturating_sub(u32::try_from(below).unwrap_or(u32::MAX))
     }
 
     /// Up to `k` distinct present ranks other than `me`, stepping by `step` (1 forward,
@@ -203,7 +205,11 @@ mod tests {
             }
             let bound = 32 - world.leading_zeros();
             for r in (0..world).map(Rank).filter(|r| ring.is_present(*r)) {
-                assert!(hops[r.index()] <= bound, "world {world}: {r} at {} hops", hops[r.index()]);
+                assert!(
+                    hops[r.index()] <= bound,
+                    "world {world}: {r} at {} hops",
+                    hops[r.index()]
+                );
             }
         }
     }

@@ -25,15 +25,27 @@ pub struct Plan {
 impl Plan {
     /// The plan that removes `absent` from a world of `old_world` at `epoch` and appends
     /// `joiners` new members.
-    pub fn new(old_world: u32, epoch: Epoch, absent: &BTreeSet<Rank>, joiners: u32) -> Result<Plan, PlanError> {
+    pub fn new(
+        old_world: u32,
+        epoch: Epoch,
+        absent: &BTreeSet<Rank>,
+        joiners: u32,
+    ) -> Result<Plan, PlanError> {
         let removed: Vec<Rank> = absent.iter().copied().collect();
         Plan::from_parts(old_world, epoch, removed, joiners)
     }
 
     /// The plan a proposal describes, for members at `epoch` of a world of `old_world`.
-    pub fn from_proposal(old_world: u32, epoch: Epoch, proposal: &Proposal) -> Result<Plan, PlanError> {
+    pub fn from_proposal(
+        old_world: u32,
+        epoch: Epoch,
+        proposal: &Proposal,
+    ) -> Result<Plan, PlanError> {
         if proposal.epoch != next_epoch(epoch)? {
-            return Err(PlanError::EpochNotNext { current: epoch, proposed: proposal.epoch });
+            return Err(PlanError::EpochNotNext {
+                current: epoch,
+                proposed: proposal.epoch,
+            });
         }
         if !proposal.removed.windows(2).all(|w| w[0] < w[1]) {
             return Err(PlanError::NotAscending);
@@ -43,17 +55,33 @@ impl Plan {
         for (i, peer) in proposal.joiners.iter().enumerate() {
             let expected = plan.joiner_rank(i);
             if Some(peer.rank) != expected {
-                return Err(PlanError::JoinerRank { rank: peer.rank, expected });
+                return Err(PlanError::JoinerRank {
+                    rank: peer.rank,
+                    expected,
+                });
             }
         }
         Ok(plan)
     }
 
-    fn from_parts(old_world: u32, epoch: Epoch, removed: Vec<Rank>, joiners: u32) -> Result<Plan, PlanError> {
+    fn from_parts(
+        old_world: u32,
+        epoch: Epoch,
+        removed: Vec<Rank>,
+        joiners: u32,
+    ) -> Result<Plan, PlanError> {
         if let Some(bad) = removed.iter().find(|r| r.get() >= old_world) {
-            return Err(PlanError::RankOutOfRange { rank: *bad, world: old_world });
+            return Err(PlanError::RankOutOfRange {
+                rank: *bad,
+                world: old_world,
+            });
         }
-        let plan = Plan { old_world, epoch: next_epoch(epoch)?, removed, joiners };
+        let plan = Plan {
+            old_world,
+            epoch: next_epoch(epoch)?,
+            removed,
+            joiners,
+        };
         let kept = plan.kept();
         if kept.checked_add(joiners).is_none() {
             return Err(PlanError::TooLarge);
@@ -125,25 +153,44 @@ impl Plan {
 
     /// The next epoch's table: `old` without the removed entries, compacted, then
     /// `joiners`; every entry's `rank` field set to its new rank.
-    pub fn apply(&self, old: &[PeerInfo], joiners: &[PeerInfo]) -> Result<Vec<PeerInfo>, PlanError> {
+    pub fn apply(
+        &self,
+        old: &[PeerInfo],
+        joiners: &[PeerInfo],
+    ) -> Result<Vec<PeerInfo>, PlanError> {
         if old.len() != self.old_world as usize {
-            return Err(PlanError::TableSize { len: old.len(), world: self.old_world });
+            return Err(PlanError::TableSize {
+                len: old.len(),
+                world: self.old_world,
+            });
         }
         if joiners.len() != self.joiners as usize {
-            return Err(PlanError::JoinerCount { len: joiners.len(), planned: self.joiners });
+            return Err(PlanError::JoinerCount {
+                len: joiners.len(),
+                planned: self.joiners,
+            });
         }
         let mut out = Vec::with_capacity(self.world() as usize);
         for (i, peer) in old.iter().enumerate() {
             if peer.rank.index() != i {
-                return Err(PlanError::TableOrder { index: i, rank: peer.rank });
+                return Err(PlanError::TableOrder {
+                    index: i,
+                    rank: peer.rank,
+                });
             }
             if let Some(rank) = self.new_rank(peer.rank) {
-                out.push(PeerInfo { rank, ..peer.clone() });
+                out.push(PeerInfo {
+                    rank,
+                    ..peer.clone()
+                });
             }
         }
         for (i, peer) in joiners.iter().enumerate() {
             let rank = self.joiner_rank(i).ok_or(PlanError::TooLarge)?;
-            out.push(PeerInfo { rank, ..peer.clone() });
+            out.push(PeerInfo {
+                rank,
+                ..peer.clone()
+            });
         }
         Ok(out)
     }
@@ -156,14 +203,22 @@ impl Plan {
 
 /// The shrink plan of seed `001`: survivors of `old` (absent ranks removed) compacted in
 /// old order, and the epoch after `epoch`.
-pub fn shrink(old: &[PeerInfo], epoch: Epoch, absent: &BTreeSet<Rank>) -> Result<(Epoch, Vec<PeerInfo>), PlanError> {
+pub fn shrink(
+    old: &[PeerInfo],
+    epoch: Epoch,
+    absent: &BTreeSet<Rank>,
+) -> Result<(Epoch, Vec<PeerInfo>), PlanError> {
     let world = u32::try_from(old.len()).map_err(|_| PlanError::TooLarge)?;
     let plan = Plan::new(world, epoch, absent, 0)?;
     Ok((plan.epoch(), plan.apply(old, &[])?))
 }
 
 fn next_epoch(epoch: Epoch) -> Result<Epoch, PlanError> {
-    epoch.get().checked_add(1).map(Epoch).ok_or(PlanError::EpochExhausted)
+    epoch
+        .get()
+        .checked_add(1)
+        .map(Epoch)
+        .ok_or(PlanError::EpochExhausted)
 }
 
 /// A change that cannot be planned.
@@ -204,8 +259,14 @@ mod tests {
             rank: Rank(rank),
             host: format!("h{rank}"),
             pid: 100 + rank,
-            control: WireAddr { ip: [0; 16], port: 1 },
-            data: WireAddr { ip: [0; 16], port: 2 },
+            control: WireAddr {
+                ip: [0; 16],
+                port: 1,
+            },
+            data: WireAddr {
+                ip: [0; 16],
+                port: 2,
+            },
             fingerprint: [0; 32],
             caps: 0,
             incarnation: 0,
@@ -241,21 +302,55 @@ mod tests {
 
     #[test]
     fn rejects_bad_changes() {
-        assert_eq!(Plan::new(3, Epoch(0), &set(&[0, 1, 2]), 0), Err(PlanError::Empty));
+        assert_eq!(
+            Plan::new(3, Epoch(0), &set(&[0, 1, 2]), 0),
+            Err(PlanError::Empty)
+        );
         assert_eq!(
             Plan::new(3, Epoch(0), &set(&[3]), 0),
-            Err(PlanError::RankOutOfRange { rank: Rank(3), world: 3 })
+            Err(PlanError::RankOutOfRange {
+                rank: Rank(3),
+                world: 3
+            })
         );
-        assert_eq!(Plan::new(3, Epoch(u64::MAX), &set(&[]), 0), Err(PlanError::EpochExhausted));
-        let proposal = Proposal { comm: CommId(1), epoch: Epoch(2), removed: vec![Rank(2), Rank(1)], joiners: vec![] };
-        assert_eq!(Plan::from_proposal(4, Epoch(1), &proposal), Err(PlanError::NotAscending));
-        let proposal = Proposal { epoch: Epoch(5), removed: vec![], ..proposal };
-        assert!(matches!(Plan::from_proposal(4, Epoch(1), &proposal), Err(PlanError::EpochNotNext { .. })));
-        let proposal = Proposal { epoch: Epoch(2), joiners: vec![peer(0)], ..proposal };
-        assert!(matches!(Plan::from_proposal(4, Epoch(1), &proposal), Err(PlanError::JoinerRank { .. })));
+        assert_eq!(
+            Plan::new(3, Epoch(u64::MAX), &set(&[]), 0),
+            Err(PlanError::EpochExhausted)
+        );
+        let proposal = Proposal {
+            comm: CommId(1),
+            epoch: Epoch(2),
+            removed: vec![Rank(2), Rank(1)],
+            joiners: vec![],
+        };
+        assert_eq!(
+            Plan::from_proposal(4, Epoch(1), &proposal),
+            Err(PlanError::NotAscending)
+        );
+        let proposal = Proposal {
+            epoch: Epoch(5),
+            removed: vec![],
+            ..proposal
+        };
+        assert!(matches!(
+            Plan::from_proposal(4, Epoch(1), &proposal),
+            Err(PlanError::EpochNotNext { .. })
+        ));
+        let proposal = Proposal {
+            epoch: Epoch(2),
+            joiners: vec![peer(0)],
+            ..proposal
+        };
+        assert!(matches!(
+            Plan::from_proposal(4, Epoch(1), &proposal),
+            Err(PlanError::JoinerRank { .. })
+        ));
         let plan = Plan::new(3, Epoch(0), &set(&[]), 0).unwrap();
         let shuffled = vec![peer(1), peer(0), peer(2)];
-        assert!(matches!(plan.apply(&shuffled, &[]), Err(PlanError::TableOrder { .. })));
+        assert!(matches!(
+            plan.apply(&shuffled, &[]),
+            Err(PlanError::TableOrder { .. })
+        ));
     }
 
     proptest! {

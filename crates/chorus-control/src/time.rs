@@ -74,9 +74,15 @@ mod tests {
     fn arithmetic_saturates_instead_of_panicking() {
         let t = Instant::from_micros(5);
         assert_eq!(t - Duration::from_secs(1), Instant::ZERO);
-        assert_eq!(Instant::from_micros(u64::MAX) + Duration::from_secs(1), Instant::from_micros(u64::MAX));
+        assert_eq!(
+            Instant::from_micros(u64::MAX) + Duration::from_secs(1),
+            Instant::from_micros(u64::MAX)
+        );
         assert_eq!(t.saturating_since(Instant::from_micros(9)), Duration::ZERO);
-        assert_eq!(Instant::from_micros(1_500).saturating_since(t), Duration::from_micros(1_495));
+        assert_eq!(
+            Instant::from_micros(1_500).saturating_since(t),
+            Duration::from_micros(1_495)
+        );
     }
 
     #[test]

@@ -24,5 +24,9 @@ pub enum ConnectionIntent {
     /// Close the connection to `peer` at `epoch` with `code`. After a departure, flush the
     /// `Depart` frame queued just before (bounded) so the peer gets the reason; the code in
     /// the close carries the departure anyway.
-    Close { peer: Rank, epoch: Epoch, code: CloseCode },
+    Close {
+        peer: Rank,
+        epoch: Epoch,
+        code: CloseCode,
+    },
 }

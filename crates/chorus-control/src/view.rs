@@ -24,14 +24,22 @@ impl View {
         if rank.get() >= world {
             return Err(ViewError::RankOutOfRange { rank, world });
         }
-        Ok(View { comm, epoch, world, rank })
+        Ok(View {
+            comm,
+            epoch,
+            world,
+            rank,
+        })
     }
 
     /// The view a `Welcome` gives member `rank`, after checking the table is ordered by rank.
     pub fn from_welcome(welcome: &Welcome, rank: Rank) -> Result<View, ViewError> {
         for (i, peer) in welcome.members.iter().enumerate() {
             if peer.rank.index() != i {
-                return Err(ViewError::TableOrder { index: i, rank: peer.rank });
+                return Err(ViewError::TableOrder {
+                    index: i,
+                    rank: peer.rank,
+                });
             }
         }
         let world = u32::try_from(welcome.members.len()).map_err(|_| ViewError::TooLarge)?;
@@ -74,10 +82,16 @@ mod tests {
 
     #[test]
     fn rejects_impossible_views() {
-        assert_eq!(View::new(CommId(1), Epoch(0), 0, Rank(0)), Err(ViewError::EmptyWorld));
+        assert_eq!(
+            View::new(CommId(1), Epoch(0), 0, Rank(0)),
+            Err(ViewError::EmptyWorld)
+        );
         assert_eq!(
             View::new(CommId(1), Epoch(0), 4, Rank(4)),
-            Err(ViewError::RankOutOfRange { rank: Rank(4), world: 4 })
+            Err(ViewError::RankOutOfRange {
+                rank: Rank(4),
+                world: 4
+            })
         );
         let v = View::new(CommId(1), Epoch(3), 4, Rank(2)).unwrap();
         assert_eq!((v.world(), v.rank(), v.epoch()), (4, Rank(2), Epoch(3)));

@@ -54,13 +54,29 @@ pub(crate) fn finish(c: &Cluster) -> Report {
             _ => None,
         })
         .sum();
-    let per_level = d + i + max_lat * 2
+    let per_level = d
+        + i
+        + max_lat * 2
         + if lossy { i * 4 } else { Duration::ZERO }
-        + if s.shrink.is_some() { s.config.agreement_timeout + d } else { Duration::ZERO };
-    let partition_len: Duration = s.net.partitions.iter().map(|p| p.until.saturating_since(p.from)).sum();
+        + if s.shrink.is_some() {
+            s.config.agreement_timeout + d
+        } else {
+            Duration::ZERO
+        };
+    let partition_len: Duration = s
+        .net
+        .partitions
+        .iter()
+        .map(|p| p.until.saturating_since(p.from))
+        .sum();
     let healthy: Vec<u32> = (0..n)
         .filter(|p| !r.faulted(*p))
-        .filter(|p| !s.net.partitions.iter().any(|part| (part.lo..part.hi).contains(p)))
+        .filter(|p| {
+            !s.net
+                .partitions
+                .iter()
+                .any(|part| (part.lo..part.hi).contains(p))
+        })
         .collect();
     let end = c.now();
     let mut latencies = Vec::new();
@@ -69,7 +85,11 @@ pub(crate) fn finish(c: &Cluster) -> Report {
         for subject in 0..procs as u32 {
             let f = &r.faults[subject as usize];
             let crash = f.crashed;
-            let long_freeze = f.freezes.iter().find(|(a, b)| b.saturating_since(*a) > tolerated).copied();
+            let long_freeze = f
+                .freezes
+                .iter()
+                .find(|(a, b)| b.saturating_since(*a) > tolerated)
+                .copied();
             let freeze = long_freeze.map(|(a, _)| a);
             let departed = f.departed;
             let (start, departure) = match (crash, freeze, departed) {
@@ -99,9 +119,14 @@ pub(crate) fn finish(c: &Cluster) -> Report {
             }
             let row = r.learned.get(&subject);
             for &p in &healthy {
-                let learned = row.and_then(|row| row.get(p as usize)).copied().unwrap_or(NEVER);
+                let learned = row
+                    .and_then(|row| row.get(p as usize))
+                    .copied()
+                    .unwrap_or(NEVER);
                 if learned == NEVER {
-                    violations.push(format!("proc {p} never learned that proc {subject} (fault at {start}) is gone"));
+                    violations.push(format!(
+                        "proc {p} never learned that proc {subject} (fault at {start}) is gone"
+                    ));
                 } else if learned > bound.as_micros() {
                     violations.push(format!(
                         "proc {p} learned proc {subject} is gone at {}, after the bound {bound} (fault at {start})",
@@ -109,7 +134,12 @@ pub(crate) fn finish(c: &Cluster) -> Report {
                     ));
                 }
                 if learned != NEVER && !departure && subject < n {
-                    latencies.push(Instant::from_micros(learned).saturating_since(start).as_secs_f64() * 1e3);
+                    latencies.push(
+                        Instant::from_micros(learned)
+                            .saturating_since(start)
+                            .as_secs_f64()
+                            * 1e3,
+                    );
                 }
             }
         }
@@ -117,7 +147,10 @@ pub(crate) fn finish(c: &Cluster) -> Report {
 
     if !any_partition {
         for rv in &r.revokes {
-            let bound = rv.at + spread + Duration::from_millis(1) + if lossy { i * 4 } else { Duration::ZERO };
+            let bound = rv.at
+                + spread
+                + Duration::from_millis(1)
+                + if lossy { i * 4 } else { Duration::ZERO };
             if bound > end {
                 continue;
             }
@@ -127,7 +160,10 @@ pub(crate) fn finish(c: &Cluster) -> Report {
                 }
                 let learned = rv.learned.get(p as usize).copied().unwrap_or(NEVER);
                 if learned > bound.as_micros() {
-                    violations.push(format!("proc {p} did not learn the revocation of {} (at {}) by {bound}", rv.epoch, rv.at));
+                    violations.push(format!(
+                        "proc {p} did not learn the revocation of {} (at {}) by {bound}",
+                        rv.epoch, rv.at
+                    ));
                 }
             }
         }
@@ -139,21 +175,34 @@ pub(crate) fn finish(c: &Cluster) -> Report {
 
     if !long_partition {
         for (p, f) in r.faults.iter().enumerate() {
-            let Some((from, until)) = f.freezes.iter().find(|(a, b)| b.saturating_since(*a) > tolerated + d) else {
+            let Some((from, until)) = f
+                .freezes
+                .iter()
+                .find(|(a, b)| b.saturating_since(*a) > tolerated + d)
+            else {
                 continue;
             };
             let _ = from;
-            if f.crashed.is_some() || f.departed.is_some() || !r.declared.contains_key(&(p as u32)) {
+            if f.crashed.is_some() || f.departed.is_some() || !r.declared.contains_key(&(p as u32))
+            {
                 continue;
             }
             if *until + d * 2 + s.config.agreement_timeout < end && f.evicted.is_none() {
-                violations.push(format!("proc {p} was declared dead while frozen until {until} but never evicted"));
+                violations.push(format!(
+                    "proc {p} was declared dead while frozen until {until} but never evicted"
+                ));
             }
         }
     }
 
     let window = s.measure.1.saturating_since(s.measure.0).as_secs_f64();
-    let final_epoch = r.installs.iter().filter_map(|v| v.last()).map(|(e, _)| e.get()).max().unwrap_or(0);
+    let final_epoch = r
+        .installs
+        .iter()
+        .filter_map(|v| v.last())
+        .map(|(e, _)| e.get())
+        .max()
+        .unwrap_or(0);
     let mut hops = r.hops.clone();
     Report {
         seed: s.seed,
@@ -161,7 +210,11 @@ pub(crate) fn finish(c: &Cluster) -> Report {
         violations,
         detection_ms: Summary::of(&mut latencies),
         hops: Summary::of(&mut hops),
-        steady_msgs_per_rank_per_s: if window > 0.0 { r.window_frames as f64 / f64::from(n) / window } else { 0.0 },
+        steady_msgs_per_rank_per_s: if window > 0.0 {
+            r.window_frames as f64 / f64::from(n) / window
+        } else {
+            0.0
+        },
         frames: r.frames,
         lost: r.lost,
         events: r.events,
@@ -195,12 +248,22 @@ fn check_agreement(c: &Cluster, violations: &mut Vec<String>) {
     let survivors: Vec<u32> = (0..c.proc_count() as u32)
         .filter(|p| !r.must_go(*p) && c.node(*p).is_some())
         .collect();
-    let Some(epoch) = survivors.iter().filter_map(|p| c.node(*p)).map(|n| n.epoch()).max() else { return };
+    let Some(epoch) = survivors
+        .iter()
+        .filter_map(|p| c.node(*p))
+        .map(|n| n.epoch())
+        .max()
+    else {
+        return;
+    };
     for &p in &survivors {
         if let Some(node) = c.node(p)
             && node.epoch() != epoch
         {
-            violations.push(format!("survivor proc {p} ended at {} while others reached {epoch}", node.epoch()));
+            violations.push(format!(
+                "survivor proc {p} ended at {} while others reached {epoch}",
+                node.epoch()
+            ));
         }
     }
     let Some(members) = c.members(epoch) else {

@@ -96,7 +96,11 @@ impl Table {
                 *slot = rank as u32;
             }
         }
-        Table { procs, ranks, removed }
+        Table {
+            procs,
+            ranks,
+            removed,
+        }
     }
 
     fn proc_of(&self, rank: Rank) -> Option<u32> {
@@ -104,7 +108,11 @@ impl Table {
     }
 
     fn rank_of(&self, proc: u32) -> Option<Rank> {
-        self.ranks.get(proc as usize).copied().filter(|r| *r != u32::MAX).map(Rank)
+        self.ranks
+            .get(proc as usize)
+            .copied()
+            .filter(|r| *r != u32::MAX)
+            .map(Rank)
     }
 }
 
@@ -128,7 +136,7 @@ pub(crate) struct Cluster {
 impl Cluster {
     pub(crate) fn new(scenario: Scenario) -> Cluster {
         let n = scenario.ranks;
-        let mut rng = Rng::new(scenario.seed ^ 0x0c1a_5e7);
+        let mut rng = Rng::new(scenario.seed ^ 0x00c1_a5e7);
         let record = Record::new(n as usize, scenario.tolerated_freeze());
         let mut c = Cluster {
             rng: rng.fork(1),
@@ -144,7 +152,8 @@ impl Cluster {
             crashing: false,
             scenario,
         };
-        c.tables.insert(0, Table::new((0..n).collect(), n as usize, Vec::new()));
+        c.tables
+            .insert(0, Table::new((0..n).collect(), n as usize, Vec::new()));
         let interval = c.scenario.config.heartbeat_interval;
         for p in 0..n {
             // Processes start at different moments, so heartbeats are not in lockstep.
@@ -163,7 +172,15 @@ impl Cluster {
     /// Runs to the scenario's end.
     pub(crate) fn run(&mut self) {
         let end = self.scenario.end;
-        if let Some(p) = self.scenario.net.partitions.iter().filter(|p| p.lasts(self.long_partition())).map(|p| p.from).min() {
+        if let Some(p) = self
+            .scenario
+            .net
+            .partitions
+            .iter()
+            .filter(|p| p.lasts(self.long_partition()))
+            .map(|p| p.from)
+            .min()
+        {
             self.record.long_partition_from = Some(p);
         }
         while let Some(Reverse((at, _, slot))) = self.queue.pop() {
@@ -171,7 +188,9 @@ impl Cluster {
                 break;
             }
             self.now = at;
-            let Some(ev) = self.slab.get_mut(slot as usize).and_then(Option::take) else { continue };
+            let Some(ev) = self.slab.get_mut(slot as usize).and_then(Option::take) else {
+                continue;
+            };
             self.free.push(slot);
             self.record.events += 1;
             self.dispatch(ev);
@@ -249,10 +268,13 @@ impl Cluster {
             Ev::Shrink { proc, epoch } => {
                 let p = proc as usize;
                 match self.procs[p].run {
-                    Run::Running => {
-                        if self.procs[p].node.as_ref().is_some_and(|n| n.epoch() == epoch) {
-                            self.handle(proc, Input::Command(Command::Shrink));
-                        }
+                    Run::Running
+                        if self.procs[p]
+                            .node
+                            .as_ref()
+                            .is_some_and(|n| n.epoch() == epoch) =>
+                    {
+                        self.handle(proc, Input::Command(Command::Shrink));
                     }
                     Run::Frozen => self.procs[p].backlog.push(Ev::Shrink { proc, epoch }),
                     _ => {}
@@ -265,7 +287,9 @@ impl Cluster {
     fn deliver(&mut self, ev: Ev) {
         match ev {
             Ev::Frame { to, frame } => {
-                let Some(node) = self.procs[to as usize].node.as_mut() else { return };
+                let Some(node) = self.procs[to as usize].node.as_mut() else {
+                    return;
+                };
                 let before = node.epoch();
                 let stale = frame.epoch < before;
                 let kind = frame.message.kind();
@@ -279,13 +303,25 @@ impl Cluster {
                 self.after(to);
             }
             Ev::Conn { to, peer, what } => {
-                let Some(node) = self.procs[to as usize].node.as_ref() else { return };
-                let Some(rank) = self.tables.get(&node.epoch().get()).and_then(|t| t.rank_of(peer)) else { return };
+                let Some(node) = self.procs[to as usize].node.as_ref() else {
+                    return;
+                };
+                let Some(rank) = self
+                    .tables
+                    .get(&node.epoch().get())
+                    .and_then(|t| t.rank_of(peer))
+                else {
+                    return;
+                };
                 let input = match what {
                     Conn::Opened => Input::ConnectionOpened { peer: rank },
                     Conn::Closed(code) => Input::ConnectionClosed { peer: rank, code },
                     Conn::Lost(code) => Input::ConnectionLost { peer: rank, code },
-                    Conn::Exited => Input::PeerExited { peer: rank, status: 9, witness: Witness::Pidfd },
+                    Conn::Exited => Input::PeerExited {
+                        peer: rank,
+                        status: 9,
+                        witness: Witness::Pidfd,
+                    },
                 };
                 self.handle(to, input);
             }
@@ -294,7 +330,9 @@ impl Cluster {
     }
 
     fn handle(&mut self, proc: u32, input: Input) {
-        let Some(node) = self.procs[proc as usize].node.as_mut() else { return };
+        let Some(node) = self.procs[proc as usize].node.as_mut() else {
+            return;
+        };
         let _ = node.handle(self.now, input);
         self.after(proc);
     }
@@ -314,14 +352,18 @@ impl Cluster {
                 }
                 self.after(proc);
             }
-            Err(e) => self.record.violation(format!("proc {proc}: node refused its configuration: {e}")),
+            Err(e) => self
+                .record
+                .violation(format!("proc {proc}: node refused its configuration: {e}")),
         }
     }
 
     /// Drains a node's outputs into the network, the record and the application.
     fn after(&mut self, proc: u32) {
         let p = proc as usize;
-        let Some(node) = self.procs[p].node.as_mut() else { return };
+        let Some(node) = self.procs[p].node.as_mut() else {
+            return;
+        };
         let epoch = node.epoch();
         let transmits: Vec<Transmit> = std::iter::from_fn(|| node.poll_transmit()).collect();
         let intents: Vec<ConnectionIntent> = std::iter::from_fn(|| node.poll_intent()).collect();
@@ -332,7 +374,10 @@ impl Cluster {
         let mut limit = transmits.len();
         let mut crash = false;
         if let Some(kind) = self.armed {
-            let total = transmits.iter().filter(|t| t.message.kind() == kind).count();
+            let total = transmits
+                .iter()
+                .filter(|t| t.message.kind() == kind)
+                .count();
             if total > 0 {
                 let keep = self.rng.below(total as u64 + 1) as usize;
                 let mut seen = 0;
@@ -384,11 +429,17 @@ impl Cluster {
 
     fn route(&mut self, proc: u32, node_epoch: Epoch, t: Transmit) {
         if t.epoch > node_epoch {
-            self.record.violation(format!("{}: proc {proc} at {node_epoch} sent for {}", self.now, t.epoch));
+            self.record.violation(format!(
+                "{}: proc {proc} at {node_epoch} sent for {}",
+                self.now, t.epoch
+            ));
             return;
         }
         let Some(table) = self.tables.get(&t.epoch.get()) else {
-            self.record.violation(format!("{}: proc {proc} sent at unknown {}", self.now, t.epoch));
+            self.record.violation(format!(
+                "{}: proc {proc} sent at unknown {}",
+                self.now, t.epoch
+            ));
             return;
         };
         let (Some(from), Some(to)) = (table.rank_of(proc), table.proc_of(t.to)) else {
@@ -410,14 +461,21 @@ impl Cluster {
             self.record.lost += 1;
             return;
         };
-        let frame = Frame { from, comm: t.comm, epoch: t.epoch, message: t.message };
+        let frame = Frame {
+            from,
+            comm: t.comm,
+            epoch: t.epoch,
+            message: t.message,
+        };
         self.push(self.now + delay, Ev::Frame { to, frame });
     }
 
     fn intent(&mut self, proc: u32, intent: ConnectionIntent) {
         match intent {
             ConnectionIntent::Open { peer, epoch } => {
-                let Some(q) = self.proc_at(epoch, peer) else { return };
+                let Some(q) = self.proc_at(epoch, peer) else {
+                    return;
+                };
                 if self.procs[proc as usize].links.contains(&q) {
                     return;
                 }
@@ -427,16 +485,39 @@ impl Cluster {
                 }
                 if self.procs[q as usize].run == Run::Running {
                     let d = self.scenario.net.signal_delay(&mut self.rng);
-                    self.push(self.now + d, Ev::Conn { to: q, peer: proc, what: Conn::Opened });
-                    self.push(self.now + d * 2, Ev::Conn { to: proc, peer: q, what: Conn::Opened });
+                    self.push(
+                        self.now + d,
+                        Ev::Conn {
+                            to: q,
+                            peer: proc,
+                            what: Conn::Opened,
+                        },
+                    );
+                    self.push(
+                        self.now + d * 2,
+                        Ev::Conn {
+                            to: proc,
+                            peer: q,
+                            what: Conn::Opened,
+                        },
+                    );
                 }
             }
             ConnectionIntent::Close { peer, epoch, code } => {
-                let Some(q) = self.proc_at(epoch, peer) else { return };
+                let Some(q) = self.proc_at(epoch, peer) else {
+                    return;
+                };
                 self.procs[proc as usize].links.retain(|l| *l != q);
                 self.procs[q as usize].links.retain(|l| *l != proc);
                 let d = self.scenario.net.signal_delay(&mut self.rng);
-                self.push(self.now + d, Ev::Conn { to: q, peer: proc, what: Conn::Closed(code) });
+                self.push(
+                    self.now + d,
+                    Ev::Conn {
+                        to: q,
+                        peer: proc,
+                        what: Conn::Closed(code),
+                    },
+                );
             }
         }
     }
@@ -444,15 +525,27 @@ impl Cluster {
     fn observe(&mut self, proc: u32, event: Event) {
         let total = self.procs.len();
         match event {
-            Event::PeerDead { epoch, rank, hops, .. } | Event::PeerDeparted { epoch, rank, hops, .. } => {
-                let Some(subject) = self.proc_at(epoch, rank) else { return };
+            Event::PeerDead {
+                epoch, rank, hops, ..
+            }
+            | Event::PeerDeparted {
+                epoch, rank, hops, ..
+            } => {
+                let Some(subject) = self.proc_at(epoch, rank) else {
+                    return;
+                };
                 if !self.record.may_be_absent(subject, self.now) {
                     self.record.violation(format!(
                         "{}: false verdict: proc {proc} declared proc {subject} ({rank} at {epoch}) absent: {event:?}",
                         self.now
                     ));
                 }
-                let first = self.record.learned.get(&subject).and_then(|row| row.get(proc as usize)).is_none_or(|t| *t == super::record::NEVER);
+                let first = self
+                    .record
+                    .learned
+                    .get(&subject)
+                    .and_then(|row| row.get(proc as usize))
+                    .is_none_or(|t| *t == super::record::NEVER);
                 if first {
                     self.record.hops.push(f64::from(hops));
                 }
@@ -472,7 +565,10 @@ impl Cluster {
             Event::Evicted { epoch, cause } => {
                 self.record.evictions += 1;
                 if !self.record.may_be_absent(proc, self.now) {
-                    self.record.violation(format!("{}: healthy proc {proc} evicted at {epoch}: {cause:?}", self.now));
+                    self.record.violation(format!(
+                        "{}: healthy proc {proc} evicted at {epoch}: {cause:?}",
+                        self.now
+                    ));
                 }
                 self.record.faults[proc as usize].evicted = Some((self.now, epoch));
                 self.procs[proc as usize].run = Run::Gone;
@@ -483,7 +579,9 @@ impl Cluster {
 
     /// The application reacts to an absence by asking to shrink (once per epoch).
     fn react(&mut self, proc: u32, epoch: Epoch) {
-        let Some(delay) = self.scenario.shrink else { return };
+        let Some(delay) = self.scenario.shrink else {
+            return;
+        };
         let p = proc as usize;
         if self.procs[p].shrink_for == Some(epoch) {
             return;
@@ -507,7 +605,10 @@ impl Cluster {
         let joiner_procs: Vec<u32> = agreed.joiners.iter().map(|j| j.pid).collect();
         match self.tables.get(&new.get()) {
             Some(t) => {
-                if t.removed != agreed.plan.removed() || t.procs.len() as u32 != agreed.plan.world() || !t.procs.ends_with(&joiner_procs) {
+                if t.removed != agreed.plan.removed()
+                    || t.procs.len() as u32 != agreed.plan.world()
+                    || !t.procs.ends_with(&joiner_procs)
+                {
                     self.record.violation(format!(
                         "{}: proc {proc} installed a different membership for {new}: removed {:?} world {} joiners {:?}; first installer had removed {:?} world {}",
                         self.now,
@@ -521,16 +622,25 @@ impl Cluster {
             }
             None => {
                 let Some(old) = self.tables.get(&agreed.previous.get()) else {
-                    self.record.violation(format!("{}: proc {proc} installed {new} from unknown {}", self.now, agreed.previous));
+                    self.record.violation(format!(
+                        "{}: proc {proc} installed {new} from unknown {}",
+                        self.now, agreed.previous
+                    ));
                     return;
                 };
                 let procs = build_table(old, &agreed.plan, &joiner_procs);
                 let total = self.procs.len();
-                self.tables.insert(new.get(), Table::new(procs, total, agreed.plan.removed().to_vec()));
+                self.tables.insert(
+                    new.get(),
+                    Table::new(procs, total, agreed.plan.removed().to_vec()),
+                );
             }
         }
         if self.tables.get(&new.get()).and_then(|t| t.rank_of(proc)) != Some(agreed.rank) {
-            self.record.violation(format!("{}: proc {proc} believes it is {} at {new}, the table disagrees", self.now, agreed.rank));
+            self.record.violation(format!(
+                "{}: proc {proc} believes it is {} at {new}, the table disagrees",
+                self.now, agreed.rank
+            ));
         }
         let removed: Vec<u32> = agreed
             .plan
@@ -546,10 +656,17 @@ impl Cluster {
         if self.crashing {
             return;
         }
-        let welcome: Vec<u32> = self.procs[p].admitted.iter().copied().filter(|j| joiner_procs.contains(j)).collect();
+        let welcome: Vec<u32> = self.procs[p]
+            .admitted
+            .iter()
+            .copied()
+            .filter(|j| joiner_procs.contains(j))
+            .collect();
         for j in welcome {
             self.procs[p].admitted.retain(|a| *a != j);
-            let Some(rank) = self.tables.get(&new.get()).and_then(|t| t.rank_of(j)) else { continue };
+            let Some(rank) = self.tables.get(&new.get()).and_then(|t| t.rank_of(j)) else {
+                continue;
+            };
             if let Ok(view) = View::new(COMM, new, agreed.plan.world(), rank) {
                 let d = self.scenario.net.signal_delay(&mut self.rng);
                 self.push(self.now + d, Ev::Start { proc: j, view });
@@ -578,13 +695,30 @@ impl Cluster {
                 self.record.faults[p].crashed = Some(self.now);
                 for q in self.procs[p].links.clone() {
                     let d = self.scenario.net.signal_delay(&mut self.rng);
-                    self.push(self.now + d, Ev::Conn { to: q, peer: proc, what: Conn::Lost(CloseCode::INTERNAL) });
+                    self.push(
+                        self.now + d,
+                        Ev::Conn {
+                            to: q,
+                            peer: proc,
+                            what: Conn::Lost(CloseCode::INTERNAL),
+                        },
+                    );
                 }
                 let host = proc / PROCS_PER_HOST;
-                let neighbour = (host * PROCS_PER_HOST..(host + 1) * PROCS_PER_HOST)
-                    .find(|q| *q != proc && (*q as usize) < self.procs.len() && self.procs[*q as usize].run == Run::Running);
+                let neighbour = (host * PROCS_PER_HOST..(host + 1) * PROCS_PER_HOST).find(|q| {
+                    *q != proc
+                        && (*q as usize) < self.procs.len()
+                        && self.procs[*q as usize].run == Run::Running
+                });
                 if let Some(q) = neighbour {
-                    self.push(self.now + Duration::from_micros(50), Ev::Conn { to: q, peer: proc, what: Conn::Exited });
+                    self.push(
+                        self.now + Duration::from_micros(50),
+                        Ev::Conn {
+                            to: q,
+                            peer: proc,
+                            what: Conn::Exited,
+                        },
+                    );
                 }
             }
             FaultKind::Freeze(d) => {
@@ -597,13 +731,18 @@ impl Cluster {
                 let command = if fault.kind == FaultKind::Abort {
                     Command::Abort
                 } else {
-                    Command::Depart { code: CloseCode::LEFT, detail: "scale-down".to_owned() }
+                    Command::Depart {
+                        code: CloseCode::LEFT,
+                        detail: "scale-down".to_owned(),
+                    }
                 };
                 self.handle(proc, Input::Command(command));
                 self.procs[p].run = Run::Gone;
             }
             FaultKind::Revoke => {
-                let Some(epoch) = self.procs[p].node.as_ref().map(Node::epoch) else { return };
+                let Some(epoch) = self.procs[p].node.as_ref().map(Node::epoch) else {
+                    return;
+                };
                 let total = self.procs.len();
                 let mut learned = vec![super::record::NEVER; total];
                 learned[p] = self.now.as_micros();
@@ -616,7 +755,11 @@ impl Cluster {
                         learned[q] = self.now.as_micros();
                     }
                 }
-                self.record.revokes.push(super::record::RevokeRecord { at: self.now, epoch, learned });
+                self.record.revokes.push(super::record::RevokeRecord {
+                    at: self.now,
+                    epoch,
+                    learned,
+                });
                 self.handle(proc, Input::Command(Command::Revoke));
             }
             FaultKind::Admit(n) => {
@@ -675,11 +818,16 @@ fn peer_info(id: u32) -> PeerInfo {
         rank: Rank(0),
         host: format!("sim{}", id / PROCS_PER_HOST),
         pid: id,
-        control: WireAddr { ip: [0; 16], port: 1 },
-        data: WireAddr { ip: [0; 16], port: 2 },
+        control: WireAddr {
+            ip: [0; 16],
+            port: 1,
+        },
+        data: WireAddr {
+            ip: [0; 16],
+            port: 2,
+        },
         fingerprint,
         caps: 0,
         incarnation: 1,
     }
 }
-

@@ -49,7 +49,13 @@ impl Partition {
 impl Net {
     /// A loss-free network with a fixed latency.
     pub fn fixed(latency: Duration) -> Net {
-        Net { latency, jitter: Duration::ZERO, jitter_cap: Duration::ZERO, loss: 0.0, partitions: Vec::new() }
+        Net {
+            latency,
+            jitter: Duration::ZERO,
+            jitter_cap: Duration::ZERO,
+            loss: 0.0,
+            partitions: Vec::new(),
+        }
     }
 
     /// The worst one-way latency.

@@ -71,7 +71,10 @@ impl Record {
     }
 
     pub(crate) fn add_proc(&mut self, joiner: bool) {
-        self.faults.push(ProcFaults { joiner, ..ProcFaults::default() });
+        self.faults.push(ProcFaults {
+            joiner,
+            ..ProcFaults::default()
+        });
         self.installs.push(Vec::new());
     }
 
@@ -86,17 +89,24 @@ impl Record {
         if self.long_partition_from.is_some_and(|t| t <= at) {
             return true;
         }
-        let Some(f) = self.faults.get(proc as usize) else { return false };
+        let Some(f) = self.faults.get(proc as usize) else {
+            return false;
+        };
         f.crashed.is_some_and(|t| t <= at)
             || f.departed.is_some_and(|t| t <= at)
             || f.evicted.is_some_and(|(t, _)| t <= at)
             || f.joiner && f.joined.is_none()
-            || f.freezes.iter().any(|(from, until)| *from <= at && until.saturating_since(*from) > self.tolerated_freeze)
+            || f.freezes.iter().any(|(from, until)| {
+                *from <= at && until.saturating_since(*from) > self.tolerated_freeze
+            })
     }
 
     /// A process learned `subject` is absent (by verdict or by an agreed removal).
     pub(crate) fn learn(&mut self, observer: u32, subject: u32, at: Instant, procs: usize) {
-        let row = self.learned.entry(subject).or_insert_with(|| vec![NEVER; procs]);
+        let row = self
+            .learned
+            .entry(subject)
+            .or_insert_with(|| vec![NEVER; procs]);
         if row.len() < procs {
             row.resize(procs, NEVER);
         }
@@ -108,8 +118,14 @@ impl Record {
 
     /// Whether `proc` suffered any fault at all (such processes are not "healthy").
     pub(crate) fn faulted(&self, proc: u32) -> bool {
-        let Some(f) = self.faults.get(proc as usize) else { return true };
-        f.crashed.is_some() || f.departed.is_some() || !f.freezes.is_empty() || f.evicted.is_some() || f.joiner
+        let Some(f) = self.faults.get(proc as usize) else {
+            return true;
+        };
+        f.crashed.is_some()
+            || f.departed.is_some()
+            || !f.freezes.is_empty()
+            || f.evicted.is_some()
+            || f.joiner
     }
 
     /// Whether `proc` must be gone from the final membership: it crashed, left, was
@@ -117,20 +133,26 @@ impl Record {
     /// for it (a frozen process whose observers were dead themselves may resume before
     /// anyone watches it long enough; it then stays, legitimately).
     pub(crate) fn must_go(&self, proc: u32) -> bool {
-        let Some(f) = self.faults.get(proc as usize) else { return false };
+        let Some(f) = self.faults.get(proc as usize) else {
+            return false;
+        };
         f.crashed.is_some()
             || f.departed.is_some()
             || f.evicted.is_some()
             || f.joiner && f.joined.is_none()
             || self.declared.contains_key(&proc)
-                && f.freezes.iter().any(|(from, until)| until.saturating_since(*from) > self.tolerated_freeze)
+                && f.freezes
+                    .iter()
+                    .any(|(from, until)| until.saturating_since(*from) > self.tolerated_freeze)
     }
 
     /// Whether `proc` ever froze past the tolerated stall.
     pub(crate) fn froze_long(&self, proc: u32) -> bool {
-        self.faults
-            .get(proc as usize)
-            .is_some_and(|f| f.freezes.iter().any(|(from, until)| until.saturating_since(*from) > self.tolerated_freeze))
+        self.faults.get(proc as usize).is_some_and(|f| {
+            f.freezes
+                .iter()
+                .any(|(from, until)| until.saturating_since(*from) > self.tolerated_freeze)
+        })
     }
 
     /// The epoch `proc` was at, at time `at`.

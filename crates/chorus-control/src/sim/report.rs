@@ -70,7 +70,11 @@ impl Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "seed {} ranks {} simulated {:?} events {}", self.seed, self.ranks, self.simulated, self.events)?;
+        writeln!(
+            f,
+            "seed {} ranks {} simulated {:?} events {}",
+            self.seed, self.ranks, self.simulated, self.events
+        )?;
         let d = &self.detection_ms;
         writeln!(
             f,
@@ -78,8 +82,16 @@ impl fmt::Display for Report {
             d.count, d.mean, d.p50, d.p90, d.p99, d.max
         )?;
         let h = &self.hops;
-        writeln!(f, "notice hops: n={} mean {:.2} p50 {} p99 {} max {}", h.count, h.mean, h.p50, h.p99, h.max)?;
-        writeln!(f, "steady-state control frames per rank per second: {:.2}", self.steady_msgs_per_rank_per_s)?;
+        writeln!(
+            f,
+            "notice hops: n={} mean {:.2} p50 {} p99 {} max {}",
+            h.count, h.mean, h.p50, h.p99, h.max
+        )?;
+        writeln!(
+            f,
+            "steady-state control frames per rank per second: {:.2}",
+            self.steady_msgs_per_rank_per_s
+        )?;
         writeln!(
             f,
             "frames {} lost {} final epoch {} evictions {} stalled rounds {}",

@@ -101,7 +101,11 @@ impl Scenario {
                 }
             };
             let at = secs(3.0) + Duration::from_micros(rng.below(1_000_000));
-            let kind = if i < crashes { FaultKind::Crash } else { FaultKind::Freeze(d * 2) };
+            let kind = if i < crashes {
+                FaultKind::Crash
+            } else {
+                FaultKind::Freeze(d * 2)
+            };
             s.faults.push(Fault { at, proc, kind });
         }
         s.end = secs(4.0) + d * 3;
@@ -112,7 +116,9 @@ impl Scenario {
     /// behaviour all drawn from `seed`.
     pub fn random(seed: u64) -> Scenario {
         let mut rng = Rng::new(seed);
-        let ranks = *rng.pick(&[8u32, 8, 9, 12, 16, 16, 24, 32, 33, 48, 64, 100, 128, 200, 256]);
+        let ranks = *rng.pick(&[
+            8u32, 8, 9, 12, 16, 16, 24, 32, 33, 48, 64, 100, 128, 200, 256,
+        ]);
         let mut s = Scenario::quiet(seed, ranks);
         if rng.chance(0.25) {
             // Faster timing and more observers, to cover the relations rather than one point.
@@ -129,7 +135,9 @@ impl Scenario {
         if survivors_quorum {
             s.config.quorum = Quorum::Survivors;
         }
-        s.shrink = rng.chance(0.7).then(|| Duration::from_millis(rng.below(50)));
+        s.shrink = rng
+            .chance(0.7)
+            .then(|| Duration::from_millis(rng.below(50)));
 
         let d = s.config.deadline;
         let i = s.config.heartbeat_interval;
@@ -147,7 +155,11 @@ impl Scenario {
                 // Fault-free except short stalls: nobody may be declared dead.
                 for _ in 0..rng.range(0, 3) {
                     let t = Duration::from_micros(rng.range(1, tolerated.as_micros() as u64));
-                    s.faults.push(Fault { at: start + jitter_in(&mut rng, spread), proc: proc_of(&mut rng, ranks), kind: FaultKind::Freeze(t) });
+                    s.faults.push(Fault {
+                        at: start + jitter_in(&mut rng, spread),
+                        proc: proc_of(&mut rng, ranks),
+                        kind: FaultKind::Freeze(t),
+                    });
                 }
             }
             1 if !survivors_quorum => {
@@ -160,7 +172,12 @@ impl Scenario {
                     d * 2 + Duration::from_micros(rng.below(2_000_000))
                 };
                 longest = longest.max(dur);
-                s.net.partitions.push(Partition { lo, hi: lo + len, from: start, until: start + dur });
+                s.net.partitions.push(Partition {
+                    lo,
+                    hi: lo + len,
+                    from: start,
+                    until: start + dur,
+                });
             }
             _ => {
                 let count = rng.range(1, 4);
@@ -179,11 +196,17 @@ impl Scenario {
                             longest = longest.max(t);
                             FaultKind::Freeze(t)
                         }
-                        5 => FaultKind::Freeze(Duration::from_micros(rng.range(1, tolerated.as_micros() as u64))),
+                        5 => FaultKind::Freeze(Duration::from_micros(
+                            rng.range(1, tolerated.as_micros() as u64),
+                        )),
                         6 => FaultKind::Depart,
                         7 => FaultKind::Abort,
                         8 => FaultKind::Revoke,
-                        9 if s.shrink.is_some() => FaultKind::CrashCoordinator(*rng.pick(&[Kind::Prepare, Kind::Propose, Kind::Commit])),
+                        9 if s.shrink.is_some() => FaultKind::CrashCoordinator(*rng.pick(&[
+                            Kind::Prepare,
+                            Kind::Propose,
+                            Kind::Commit,
+                        ])),
                         10 => {
                             let n = rng.range(1, 3) as u32;
                             joiners += n;
@@ -193,7 +216,11 @@ impl Scenario {
                     };
                     let goes = matches!(
                         kind,
-                        FaultKind::Crash | FaultKind::Kill | FaultKind::Depart | FaultKind::Abort | FaultKind::CrashCoordinator(_)
+                        FaultKind::Crash
+                            | FaultKind::Kill
+                            | FaultKind::Depart
+                            | FaultKind::Abort
+                            | FaultKind::CrashCoordinator(_)
                     ) || matches!(kind, FaultKind::Freeze(t) if t > tolerated);
                     if goes {
                         if gone + 1 > budget {
@@ -208,7 +235,12 @@ impl Scenario {
         let _ = joiners;
         s.faults.sort_by_key(|f| f.at);
         let last = s.faults.iter().map(|f| f.at).max().unwrap_or(start);
-        let last = s.net.partitions.iter().map(|p| p.until).fold(last, Instant::max);
+        let last = s
+            .net
+            .partitions
+            .iter()
+            .map(|p| p.until)
+            .fold(last, Instant::max);
         // Long enough for chains of detections, a coordinator takeover and a second round.
         let settle = (d + i) * 4 + s.config.agreement_timeout * 4 + longest;
         s.end = last + settle;
@@ -230,7 +262,11 @@ impl Scenario {
 
     /// A one-line summary for failure messages.
     pub fn summary(&self) -> String {
-        let faults: Vec<String> = self.faults.iter().map(|f| format!("{:?}@{}:{:?}", f.kind, f.at, f.proc)).collect();
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|f| format!("{:?}@{}:{:?}", f.kind, f.at, f.proc))
+            .collect();
         format!(
             "seed {} ranks {} interval {:?} deadline {:?} k {} quorum {:?} latency {:?}+{:?}(cap {:?}) loss {} partitions {:?} shrink {:?} faults [{}] end {}",
             self.seed,
@@ -253,8 +289,16 @@ impl Scenario {
 
 fn tolerated_freeze(s: &Scenario) -> Duration {
     // On a lossy network a heartbeat or two around the stall may be lost as well.
-    let lost = if s.net.loss > 0.0 { s.config.heartbeat_interval * 2 } else { Duration::ZERO };
-    let margin = s.net.max_latency() * 2 + s.config.heartbeat_interval + s.config.stall_tolerance + lost + Duration::from_millis(10);
+    let lost = if s.net.loss > 0.0 {
+        s.config.heartbeat_interval * 2
+    } else {
+        Duration::ZERO
+    };
+    let margin = s.net.max_latency() * 2
+        + s.config.heartbeat_interval
+        + s.config.stall_tolerance
+        + lost
+        + Duration::from_millis(10);
     s.config.deadline.saturating_sub(margin)
 }
 
