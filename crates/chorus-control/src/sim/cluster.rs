@@ -1,13 +1,13 @@
 //! The simulated cluster: processes running [`Node`]s, a faulty network between them, and
 //! the scenario's faults, advanced event by event in simulated time.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chorus_protocol::message::{Kind, PeerInfo, WireAddr};
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 
+use super::queue::Queue;
 use super::record::Record;
 use super::rng::Rng;
 use super::scenario::{FaultKind, Scenario};
@@ -121,7 +121,7 @@ pub(crate) struct Cluster {
     scenario: Scenario,
     rng: Rng,
     now: Instant,
-    queue: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    queue: Queue,
     slab: Vec<Option<Ev>>,
     free: Vec<u32>,
     seq: u64,
@@ -141,7 +141,7 @@ impl Cluster {
         let mut c = Cluster {
             rng: rng.fork(1),
             now: Instant::ZERO,
-            queue: BinaryHeap::new(),
+            queue: Queue::new(),
             slab: Vec::new(),
             free: Vec::new(),
             seq: 0,
@@ -183,7 +183,7 @@ impl Cluster {
         {
             self.record.long_partition_from = Some(p);
         }
-        while let Some(Reverse((at, _, slot))) = self.queue.pop() {
+        while let Some((at, slot)) = self.queue.pop() {
             if at > end {
                 break;
             }
@@ -243,7 +243,7 @@ impl Cluster {
             }
         };
         self.seq += 1;
-        self.queue.push(Reverse((at, self.seq, slot)));
+        self.queue.push(at, self.seq, slot);
     }
 
     fn dispatch(&mut self, ev: Ev) {

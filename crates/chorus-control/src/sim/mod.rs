@@ -21,6 +21,7 @@
 mod check;
 mod cluster;
 mod network;
+mod queue;
 mod record;
 mod report;
 mod rng;
