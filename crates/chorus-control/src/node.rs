@@ -753,8 +753,9 @@ impl Node {
         self.detector.credit_stall(stall, now);
         if stall >= self.config.deadline / 2 {
             // Long enough that observers may have declared this member dead. Their verdict
-            // reaches us as soon as we talk to them again: within a deadline, surely.
-            self.stalled_until = Some(now + self.config.deadline);
+            // reaches us when we next talk to one of them: at once through our heartbeats,
+            // or within a deadline through our own verdicts if our observers are gone too.
+            self.stalled_until = Some(now + self.config.deadline * 2);
         }
         tracing::debug!(rank = %self.view.rank(), stall_ms = millis(stall), "woken late; not counting the stall against peers");
     }
@@ -790,8 +791,7 @@ impl Node {
         }
         if let Some(seq) = self.detector.heartbeat_due(now) {
             let digest = self.digest().get();
-            let observers = self.detector.observers().to_vec();
-            for to in observers {
+            for to in self.detector.heartbeat_targets(now) {
                 self.stats.heartbeats += 1;
                 self.send(to, epoch, Message::Heartbeat(Heartbeat { seq, digest }));
             }
@@ -896,7 +896,7 @@ impl Node {
             .cloned()
             .collect();
         self.agreement = Agreement::new(now, leftover);
-        self.detector.renumber(|r| plan.new_rank(r));
+        self.detector.renumber(|r| plan.new_rank(r), now);
         self.reset_overlay(now);
         self.detector.heartbeat_now(now);
         tracing::info!(at = %now, rank = %rank, epoch = %plan.epoch(), world = plan.world(), removed = ?plan.removed(), "membership agreed");

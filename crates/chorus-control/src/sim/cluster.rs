@@ -534,7 +534,11 @@ impl Cluster {
                 let Some(subject) = self.proc_at(epoch, rank) else {
                     return;
                 };
-                if !self.record.may_be_absent(subject, self.now) {
+                // A process that was itself frozen past its deadline is a zombie until it
+                // learns of its eviction; its local verdicts are dropped by everyone else.
+                if !self.record.may_be_absent(subject, self.now)
+                    && !self.record.may_be_absent(proc, self.now)
+                {
                     self.record.violation(format!(
                         "{}: false verdict: proc {proc} declared proc {subject} ({rank} at {epoch}) absent: {event:?}",
                         self.now

@@ -144,9 +144,9 @@ impl Scenario {
         let tolerated = tolerated_freeze(&s);
         let start = secs(2.0);
         let spread = Duration::from_micros(rng.below(5_000_000));
+        // Majority quorum needs more than half the members to survive, counting joiners
+        // (who grow the world and may never start if their admitter dies).
         let mut gone = 0u32;
-        // Majority quorum needs more than half the members to survive.
-        let budget = (ranks - 1) / 2;
         let mut joiners = 0u32;
         let mut longest = Duration::ZERO;
 
@@ -207,11 +207,7 @@ impl Scenario {
                             Kind::Propose,
                             Kind::Commit,
                         ])),
-                        10 => {
-                            let n = rng.range(1, 3) as u32;
-                            joiners += n;
-                            FaultKind::Admit(n)
-                        }
+                        10 => FaultKind::Admit(rng.range(1, 3) as u32),
                         _ => FaultKind::Crash,
                     };
                     let goes = matches!(
@@ -222,17 +218,19 @@ impl Scenario {
                             | FaultKind::Abort
                             | FaultKind::CrashCoordinator(_)
                     ) || matches!(kind, FaultKind::Freeze(t) if t > tolerated);
-                    if goes {
-                        if gone + 1 > budget {
-                            continue;
-                        }
-                        gone += 1;
+                    let (more_gone, more_joiners) = match kind {
+                        FaultKind::Admit(n) => (0, n),
+                        _ => (u32::from(goes), 0),
+                    };
+                    if (ranks - gone - more_gone) * 2 <= ranks + joiners + more_joiners {
+                        continue;
                     }
+                    gone += more_gone;
+                    joiners += more_joiners;
                     s.faults.push(Fault { at, proc, kind });
                 }
             }
         }
-        let _ = joiners;
         s.faults.sort_by_key(|f| f.at);
         let last = s.faults.iter().map(|f| f.at).max().unwrap_or(start);
         let last = s
