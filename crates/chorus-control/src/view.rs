@@ -46,6 +46,18 @@ impl View {
         View::new(welcome.comm, welcome.epoch, world, rank)
     }
 
+    /// The view of the member whose certificate has `fingerprint` in a `Welcome` (a grow
+    /// joiner finding its rank in the table it was sent).
+    pub fn for_member(welcome: &Welcome, fingerprint: &[u8; 32]) -> Result<View, ViewError> {
+        let rank = welcome
+            .members
+            .iter()
+            .find(|p| &p.fingerprint == fingerprint)
+            .map(|p| p.rank)
+            .ok_or(ViewError::NotInTable)?;
+        View::from_welcome(welcome, rank)
+    }
+
     pub fn comm(&self) -> CommId {
         self.comm
     }
@@ -74,11 +86,60 @@ pub enum ViewError {
     TableOrder { index: usize, rank: Rank },
     #[error("member table has more than 2^32 entries")]
     TooLarge,
+    #[error("this member is not in the table")]
+    NotInTable,
 }
 
 #[cfg(test)]
 mod tests {
+    use chorus_protocol::message::{PeerInfo, WireAddr};
+
     use super::*;
+
+    fn peer(rank: u32) -> PeerInfo {
+        PeerInfo {
+            rank: Rank(rank),
+            host: "h".into(),
+            pid: rank,
+            control: WireAddr {
+                ip: [0; 16],
+                port: 1,
+            },
+            data: WireAddr {
+                ip: [0; 16],
+                port: 2,
+            },
+            fingerprint: [rank as u8 + 1; 32],
+            caps: 0,
+            incarnation: 0,
+        }
+    }
+
+    #[test]
+    fn a_joiner_finds_itself_in_its_welcome() {
+        let welcome = Welcome {
+            comm: CommId(3),
+            epoch: Epoch(4),
+            members: (0..3).map(peer).collect(),
+        };
+        let v = View::for_member(&welcome, &[3; 32]).unwrap();
+        assert_eq!(
+            (v.rank(), v.world(), v.epoch(), v.comm()),
+            (Rank(2), 3, Epoch(4), CommId(3))
+        );
+        assert_eq!(
+            View::for_member(&welcome, &[9; 32]),
+            Err(ViewError::NotInTable)
+        );
+        let shuffled = Welcome {
+            members: vec![peer(1), peer(0)],
+            ..welcome
+        };
+        assert!(matches!(
+            View::from_welcome(&shuffled, Rank(0)),
+            Err(ViewError::TableOrder { .. })
+        ));
+    }
 
     #[test]
     fn rejects_impossible_views() {

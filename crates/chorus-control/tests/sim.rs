@@ -18,7 +18,7 @@ fn per_batch() -> u64 {
     {
         return n;
     }
-    if cfg!(debug_assertions) { 60 } else { 250 }
+    if cfg!(debug_assertions) { 100 } else { 250 }
 }
 
 fn assert_passed(scenario: Scenario, report: &Report) {
@@ -277,22 +277,31 @@ fn a_minority_cannot_agree_under_majority_quorum() {
 
 #[test]
 fn ten_thousand_ranks() {
-    let scenario = Scenario::scale(10, 10_000, 3, 2);
+    // 3 silent crashes and 2 long freezes at random ranks; every survivor's application
+    // shrinks when it learns of one, so agreement runs at 10 000 ranks too.
+    let mut scenario = Scenario::scale(10, 10_000, 3, 2);
+    scenario.shrink = Some(Duration::from_millis(20));
+    scenario.end = scenario.end + scenario.config.agreement_timeout * 2;
     let report = sim::run(scenario.clone());
     println!("{report}");
     assert_passed(scenario.clone(), &report);
-    assert_eq!(
-        report.detection_ms.count,
-        5 * (10_000 - 5),
-        "every healthy rank learned every fault"
-    );
     assert!(
-        report.detection_ms.max <= scenario.config.deadline.as_secs_f64() * 1e3 * 1.2,
-        "{report}"
+        report.detection_ms.count >= 5 * (10_000 - 5),
+        "every healthy rank learned every fault: {report}"
     );
+    let bound = scenario.config.deadline.as_secs_f64() * 1e3 * 1.2;
+    assert!(report.detection_ms.max <= bound, "{report}");
     assert!(report.hops.max <= 16.0, "log2(10 000) ≈ 13.3: {report}");
     assert!(
         (report.steady_msgs_per_rank_per_s - 10.0).abs() < 0.5,
         "{report}"
+    );
+    assert!(
+        report.final_epoch >= 1,
+        "survivors agreed on a smaller world: {report}"
+    );
+    assert_eq!(
+        report.evictions, 2,
+        "both frozen ranks learned they were evicted: {report}"
     );
 }

@@ -4,13 +4,15 @@
 //!
 //! Bounds are derived from the scenario, never hard-coded:
 //!
-//! - **Detection.** A crash (or a long freeze) is learned by every healthy member within
-//!   `levels+1` detection periods plus the notice's spread, where a detection period is the
-//!   deadline plus a heartbeat interval plus two worst latencies (plus a heartbeat interval
-//!   of anti-entropy per level when frames are lost, and one agreement timeout per level
-//!   when an epoch change can reset the watches), `levels` counts how many times the ring
-//!   must close over consecutive failed successors before someone alive watches the subject
-//!   (⌊run/k⌋), and the spread is (⌈log2 N⌉ + 2) worst latencies.
+//! - **Detection.** A crash (or a long freeze) of rank X is learned by every healthy member
+//!   by `watched(X) + spread`. `watched(X)` is X's fault time plus one detection period
+//!   if one of its first k successors on the ring stays up; otherwise the ring must first
+//!   close over those successors, so it is one detection period after the latest of X's
+//!   fault and those successors' own `watched` times (a frozen successor counts as watching
+//!   again when it resumes). A detection period is the deadline plus a heartbeat interval
+//!   plus two worst latencies (plus four intervals of anti-entropy when frames are lost, and
+//!   an agreement timeout plus a deadline when epoch changes can re-arrange the ring); the
+//!   spread is (⌈log2 N⌉ + 2) worst latencies.
 //! - **Departure.** On a loss-free, partition-free network without epoch changes, every
 //!   healthy member learns a departure within (⌈log2 N⌉ + 2) worst one-way latencies.
 //! - **Revocation.** Same bound as a departure's spread, for members still at the revoked
@@ -25,7 +27,7 @@ use std::time::Duration;
 use chorus_protocol::Epoch;
 
 use super::cluster::Cluster;
-use super::record::NEVER;
+use super::record::{NEVER, Record};
 use super::report::{Report, Summary};
 use super::scenario::FaultKind;
 use crate::time::Instant;
@@ -54,11 +56,15 @@ pub(crate) fn finish(c: &Cluster) -> Report {
             _ => None,
         })
         .sum();
+    let epoch_changes = s.shrink.is_some()
+        || s.faults
+            .iter()
+            .any(|f| matches!(f.kind, FaultKind::Admit(_)));
     let per_level = d
         + i
         + max_lat * 2
         + if lossy { i * 4 } else { Duration::ZERO }
-        + if s.shrink.is_some() {
+        + if epoch_changes {
             s.config.agreement_timeout + d
         } else {
             Duration::ZERO
@@ -102,8 +108,7 @@ pub(crate) fn finish(c: &Cluster) -> Report {
             let bound = if strict {
                 start + spread + Duration::from_millis(1)
             } else {
-                let levels = chain(r, subject, n) / k;
-                start + per_level * (levels + 1) + spread + stalls + partition_len
+                watched(r, subject, n, k, per_level, 0) + spread + stalls + partition_len
             };
             if bound > end {
                 continue;
@@ -225,21 +230,50 @@ pub(crate) fn finish(c: &Cluster) -> Report {
     }
 }
 
-/// How many consecutive successors of `subject` on the initial ring must go.
-fn chain(r: &super::record::Record, subject: u32, n: u32) -> u32 {
-    if subject >= n {
-        return 0;
+/// When a live member has been watching `x` long enough to declare it (see the module
+/// docs), for a rank of the initial ring.
+fn watched(r: &Record, x: u32, n: u32, k: u32, period: Duration, depth: u32) -> Instant {
+    let start = down_since(r, x).unwrap_or(Instant::ZERO);
+    if x >= n || depth > n {
+        return start + period;
     }
-    let mut run = 0;
-    for step in 1..n {
-        let q = (subject + step) % n;
-        if r.must_go(q) || r.froze_long(q) {
-            run += 1;
-        } else {
-            break;
+    let successors: Vec<u32> = (1..=k.min(n - 1)).map(|step| (x + step) % n).collect();
+    if successors.iter().any(|s| down_since(r, *s).is_none()) {
+        return start + period;
+    }
+    let mut latest = start;
+    for s in successors {
+        let mut back = watched(r, s, n, k, period, depth + 1);
+        if let Some(until) = resumes(r, s) {
+            back = back.min(until);
         }
+        latest = latest.max(back);
     }
-    run
+    latest + period
+}
+
+/// When `p` stopped watching anyone for good or for long: crashed, left, or froze past the
+/// tolerated stall (never, for a healthy process).
+fn down_since(r: &Record, p: u32) -> Option<Instant> {
+    let f = r.faults.get(p as usize)?;
+    let long_freeze = f
+        .freezes
+        .iter()
+        .find(|(a, b)| b.saturating_since(*a) > r.tolerated_freeze)
+        .map(|(a, _)| *a);
+    [f.crashed, f.departed, long_freeze]
+        .into_iter()
+        .flatten()
+        .min()
+}
+
+/// When a frozen (never crashed or departed) process resumed.
+fn resumes(r: &Record, p: u32) -> Option<Instant> {
+    let f = r.faults.get(p as usize)?;
+    if f.crashed.is_some() || f.departed.is_some() {
+        return None;
+    }
+    f.freezes.iter().map(|(_, b)| *b).max()
 }
 
 /// Everyone who survived ends at one epoch whose membership is exactly the survivors.

@@ -146,15 +146,6 @@ impl Record {
                     .any(|(from, until)| until.saturating_since(*from) > self.tolerated_freeze)
     }
 
-    /// Whether `proc` ever froze past the tolerated stall.
-    pub(crate) fn froze_long(&self, proc: u32) -> bool {
-        self.faults.get(proc as usize).is_some_and(|f| {
-            f.freezes
-                .iter()
-                .any(|(from, until)| until.saturating_since(*from) > self.tolerated_freeze)
-        })
-    }
-
     /// The epoch `proc` was at, at time `at`.
     pub(crate) fn epoch_at(&self, proc: u32, at: Instant) -> Epoch {
         self.installs
