@@ -1,4 +1,4 @@
-//! Why a node refused an input. Refusals change nothing in the node; the runtime may count
+//! Why a node refused an input. A refusal changes no membership state; the runtime may count
 //! them, trace them, or close the connection with [`InputError::close_code`].
 
 use chorus_protocol::message::Kind;

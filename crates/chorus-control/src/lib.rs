@@ -11,13 +11,37 @@
 //!
 //! # Map
 //!
-//! - [`Node`] — one member: `handle(now, input)`, then `poll_transmit`, `poll_intent`,
-//!   `poll_event`, `poll_timeout`.
-//! - [`Rendezvous`] — the bootstrap root: collects `Join`s, answers `Welcome`.
-//! - [`plan`] — pure shrink/grow layout planning.
-//! - [`Ledger`], [`overlay`], [`broadcast`] — what a member believes, who watches whom,
-//!   how news spreads.
-//! - [`sim`] — the deterministic simulator and its property checks.
+//! - [`Node`]: one member. `handle(now, input)`, then drain `poll_transmit`,
+//!   `poll_intent`, `poll_event`, and call again at `poll_timeout`.
+//! - [`Rendezvous`]: the bootstrap root. Collects `Join`s, answers `Welcome`.
+//! - [`plan`]: pure shrink/grow layout planning.
+//! - [`Ledger`], [`overlay`], [`broadcast`]: what a member believes, who watches whom, how
+//!   news spreads.
+//! - [`sim`]: the deterministic simulator and its property checks.
+//!
+//! # Who sends what to whom
+//!
+//! - **Liveness.** Ranks sit on a ring of present members. Every rank sends `Heartbeat`
+//!   (with a digest of what it knows) to its `k` successors every heartbeat interval, and
+//!   declares a predecessor dead after `deadline` of silence (its own stalls excluded).
+//!   Conclusive evidence (a `Depart`, a departure close code, a lost connection, a process
+//!   exit seen on the host) is acted on at once. Steady-state cost: `k / interval` frames
+//!   per rank per second, whatever the world size.
+//! - **Notices.** A verdict becomes a `Notice` flooded over fingers (ranks 1, 2, 4, ...
+//!   ahead): ⌈log2 N⌉ hops, every member receives it from several predecessors, and a
+//!   heartbeat whose digest differs triggers a push of what the receiver knows
+//!   (anti-entropy), so losses and healed partitions are repaired. "Absent" means dead or
+//!   departed, never suspect.
+//! - **Revoke.** `Revoke` floods the same way; idempotent per epoch.
+//! - **Agreement.** Single-decree Paxos per epoch: the lowest present rank (or the rank
+//!   admitting joiners) sends `Prepare` to every present member, collects `Promise`s (with
+//!   accepted proposals and known absences), sends `Propose` (removed ranks + joiners),
+//!   collects `Accept`s from a quorum ([`Quorum`]) and floods `Commit`. A silent or absent
+//!   coordinator is replaced by a higher ballot; a value accepted before a crash is the
+//!   one re-proposed. Members that missed the commit get it back when they next send a
+//!   frame of the old epoch.
+//! - **Eviction.** A rank that learns it was removed, or declared dead while it was
+//!   stalled, gets [`Event::Evicted`] and goes inert.
 
 #![forbid(unsafe_code)]
 

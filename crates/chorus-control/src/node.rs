@@ -146,7 +146,8 @@ impl Node {
         Ok(node)
     }
 
-    /// Feeds one input. A refusal changes nothing (see [`InputError`]).
+    /// Feeds one input. A refused frame changes no membership state (see [`InputError`]);
+    /// any frame from a present member still counts as a sign of life.
     pub fn handle(&mut self, now: Instant, input: Input) -> Result<(), InputError> {
         if self.status != Status::Member {
             return match input {
@@ -358,42 +359,22 @@ impl Node {
             Message::Notice(notice) => self.on_notice(from, notice, now),
             Message::Revoke(revoke) => self.on_revoke(from, revoke, now),
             Message::Prepare(p) => {
-                let ctx = Ctx {
-                    view: self.view,
-                    absent: self.ledger.absent(),
-                    config: &self.config,
-                    now,
-                };
-                self.agreement.on_prepare(from, p, &ctx, &mut self.out)
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                agreement.on_prepare(from, p, &ctx, out)
             }
             Message::Promise(p) => {
-                let ctx = Ctx {
-                    view: self.view,
-                    absent: self.ledger.absent(),
-                    config: &self.config,
-                    now,
-                };
-                let decided = self.agreement.on_promise(from, p, &ctx, &mut self.out)?;
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                let decided = agreement.on_promise(from, p, &ctx, out)?;
                 self.decided(decided, now);
                 Ok(())
             }
             Message::Propose(p) => {
-                let ctx = Ctx {
-                    view: self.view,
-                    absent: self.ledger.absent(),
-                    config: &self.config,
-                    now,
-                };
-                self.agreement.on_propose(from, p, &ctx, &mut self.out)
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                agreement.on_propose(from, p, &ctx, out)
             }
             Message::Accept(a) => {
-                let ctx = Ctx {
-                    view: self.view,
-                    absent: self.ledger.absent(),
-                    config: &self.config,
-                    now,
-                };
-                let decided = self.agreement.on_accept(from, a, &ctx, &mut self.out)?;
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                let decided = agreement.on_accept(from, a, &ctx, out)?;
                 self.decided(decided, now);
                 Ok(())
             }
@@ -466,26 +447,16 @@ impl Node {
                 self.revoke(me, 0, None, now);
             }
             Command::Shrink => {
-                let ctx = Ctx {
-                    view: self.view,
-                    absent: self.ledger.absent(),
-                    config: &self.config,
-                    now,
-                };
-                let decided = self.agreement.request(&ctx, &mut self.out);
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                let decided = agreement.request(&ctx, out);
                 self.decided(decided, now);
             }
             Command::Admit(joiners) => {
                 if joiners.is_empty() {
                     return Ok(());
                 }
-                let ctx = Ctx {
-                    view: self.view,
-                    absent: self.ledger.absent(),
-                    config: &self.config,
-                    now,
-                };
-                let decided = self.agreement.admit(joiners, &ctx, &mut self.out);
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                let decided = agreement.admit(joiners, &ctx, out);
                 self.decided(decided, now);
             }
         }
@@ -695,13 +666,8 @@ impl Node {
             self.stats.notices += 1;
             self.send(to, epoch, Message::Notice(notice));
         }
-        let ctx = Ctx {
-            view: self.view,
-            absent: self.ledger.absent(),
-            config: &self.config,
-            now,
-        };
-        let decided = self.agreement.on_view_change(&ctx, &mut self.out);
+        let (agreement, ctx, out) = self.agreement_parts(now);
+        let decided = agreement.on_view_change(&ctx, out);
         self.decided(decided, now);
     }
 
@@ -796,13 +762,8 @@ impl Node {
                 self.send(to, epoch, Message::Heartbeat(Heartbeat { seq, digest }));
             }
         }
-        let ctx = Ctx {
-            view: self.view,
-            absent: self.ledger.absent(),
-            config: &self.config,
-            now,
-        };
-        let decided = self.agreement.on_timeout(&ctx, &mut self.out);
+        let (agreement, ctx, out) = self.agreement_parts(now);
+        let decided = agreement.on_timeout(&ctx, out);
         self.decided(decided, now);
     }
 
@@ -1001,6 +962,17 @@ impl Node {
                     .push_back(ConnectionIntent::Open { peer, epoch });
             }
         }
+    }
+
+    /// The agreement, what it reads, and where it writes: disjoint borrows of `self`.
+    fn agreement_parts(&mut self, now: Instant) -> (&mut Agreement, Ctx<'_>, &mut Outbox) {
+        let ctx = Ctx {
+            view: self.view,
+            absent: self.ledger.absent(),
+            config: &self.config,
+            now,
+        };
+        (&mut self.agreement, ctx, &mut self.out)
     }
 
     fn send(&mut self, to: Rank, epoch: Epoch, message: Message) {
