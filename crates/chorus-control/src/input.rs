@@ -4,24 +4,37 @@
 use chorus_protocol::message::{Message, PeerInfo};
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 
-/// One input to [`crate::Node::handle`]. Ranks in connection events and local evidence are
-/// in the node's current numbering ([`crate::Node::epoch`]); a frame's are the header's.
+/// One input to [`crate::Node::handle`]. A connection event or local evidence names the peer
+/// by its rank at `epoch`: the epoch of the control stream it concerns (or, for a process
+/// exit, of the table the runtime looked the process up in). Events about another epoch
+/// than the node's are refused, so closing the previous epoch's streams (SPEC 11.2) is
+/// never mistaken for a departure.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
     /// A control frame received from a member.
     Frame(Frame),
     /// A connection to `peer` completed its handshake (a sign of life).
-    ConnectionOpened { peer: Rank },
+    ConnectionOpened { peer: Rank, epoch: Epoch },
     /// `peer` closed the connection with an application code (QUIC `CONNECTION_CLOSE`, or
     /// TCP's departure frame). A departure code means it left; `EVICTED` means it removed
     /// this member in an agreed epoch.
-    ConnectionClosed { peer: Rank, code: CloseCode },
+    ConnectionClosed {
+        peer: Rank,
+        epoch: Epoch,
+        code: CloseCode,
+    },
     /// The connection to `peer` failed without an application close (reset, unreachable,
     /// transport idle timeout). Acted on at once: the peer is declared dead.
-    ConnectionLost { peer: Rank, code: CloseCode },
-    /// `peer`'s process was seen to exit (pidfd on this host, or the launcher).
+    ConnectionLost {
+        peer: Rank,
+        epoch: Epoch,
+        code: CloseCode,
+    },
+    /// `peer`'s process was seen to exit (pidfd on this host, or the launcher; a launcher's
+    /// `Notice` with origin `Rank::NONE` arrives this way too).
     PeerExited {
         peer: Rank,
+        epoch: Epoch,
         status: i32,
         witness: Witness,
     },

@@ -224,6 +224,7 @@ impl Ledger {
     pub(crate) fn remap(
         &self,
         world: u32,
+        me: Rank,
         new_rank: impl Fn(Rank) -> Option<Rank>,
         joiners: impl Iterator<Item = Rank>,
         now: Instant,
@@ -235,7 +236,12 @@ impl Ledger {
             if let Some(n) = rec.notice.as_mut() {
                 n.subject = to;
                 n.hops = 0;
-                n.origin = new_rank(n.origin).unwrap_or(to);
+                // An origin that left keeps the verdict alive through this member (never
+                // the subject itself: a notice's origin and subject differ); a launcher
+                // witness keeps its rankless origin.
+                if n.origin != Rank(u32::MAX) {
+                    n.origin = new_rank(n.origin).unwrap_or(me);
+                }
             }
             rec.reported_by = rec.reported_by.and_then(&new_rank);
             if matches!(rec.state, PeerState::Dead | PeerState::Departed) {
@@ -334,6 +340,7 @@ mod tests {
         // Epoch change removes rank 1 only; rank 3 becomes rank 2 and stays dead.
         let next = l.remap(
             5,
+            Rank(0),
             |r| match r.get() {
                 1 => None,
                 n if n > 1 => Some(Rank(n - 1)),

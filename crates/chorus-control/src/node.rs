@@ -46,6 +46,9 @@ use crate::time::{Instant, millis};
 use crate::transmit::{ConnectionIntent, Transmit};
 use crate::view::View;
 
+/// The origin of a launcher's witness notice (`Rank::NONE` in the protocol: no rank).
+const LAUNCHER: Rank = Rank(u32::MAX);
+
 /// How many past commits a node keeps to catch up members that missed one.
 const HISTORY: usize = 8;
 
@@ -158,22 +161,27 @@ impl Node {
         self.observe_wake(now);
         let result = match input {
             Input::Frame(frame) => self.on_frame(frame, now),
-            Input::ConnectionOpened { peer } => self.on_opened(peer, now),
-            Input::ConnectionClosed { peer, code } => self.on_closed(peer, code, now),
-            Input::ConnectionLost { peer, code } => {
+            Input::ConnectionOpened { peer, epoch } => self
+                .check_epoch(epoch)
+                .and_then(|()| self.on_opened(peer, now)),
+            Input::ConnectionClosed { peer, epoch, code } => self
+                .check_epoch(epoch)
+                .and_then(|()| self.on_closed(peer, code, now)),
+            Input::ConnectionLost { peer, epoch, code } => self.check_epoch(epoch).and_then(|()| {
                 self.on_local_evidence(peer, Verdict::Dead, Evidence::ConnectionLost { code }, now)
-            }
+            }),
             Input::PeerExited {
                 peer,
+                epoch,
                 status,
                 witness,
-            } => {
+            } => self.check_epoch(epoch).and_then(|()| {
                 let evidence = match witness {
                     Witness::Pidfd => Evidence::ProcessExited { status },
                     Witness::Launcher => Evidence::LauncherWitness { status },
                 };
                 self.on_local_evidence(peer, Verdict::Dead, evidence, now)
-            }
+            }),
             Input::Timeout => Ok(()),
             Input::Command(command) => self.on_command(command, now),
         };
@@ -379,9 +387,16 @@ impl Node {
                 Ok(())
             }
             Message::Commit(c) => self.on_commit(from, c, now),
+            // A grow request relayed by a member (SPEC 11.3): coordinate the admission here.
+            Message::Join(join) if join.world == 0 => {
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                let decided = agreement.admit(vec![join.peer], &ctx, out);
+                self.decided(decided, now);
+                Ok(())
+            }
             Message::Join(_) | Message::Welcome(_) => Err(invalid(
                 kind,
-                "joins go to the bootstrap root, or to the runtime as Command::Admit",
+                "bootstrap joins go to the root; welcomes to joiners",
             )),
             other => Err(InputError::NotControl { kind: other.kind() }),
         }
@@ -499,8 +514,11 @@ impl Node {
 
     fn on_notice(&mut self, from: Rank, notice: Notice, now: Instant) -> Result<(), InputError> {
         let world = self.view.world();
+        let launcher = notice.origin == LAUNCHER
+            && matches!(notice.evidence, Evidence::LauncherWitness { .. })
+            && notice.verdict == Verdict::Dead;
         for r in [notice.origin, notice.subject] {
-            if r.get() >= world {
+            if r.get() >= world && !(launcher && r == LAUNCHER) {
                 return Err(invalid(
                     Kind::Notice,
                     &format!("{r} outside the world of {world}"),
@@ -837,9 +855,9 @@ impl Node {
             }
         }
         let joiner_ranks = (0..commit.proposal.joiners.len()).filter_map(|i| plan.joiner_rank(i));
-        self.ledger = self
-            .ledger
-            .remap(plan.world(), |r| plan.new_rank(r), joiner_ranks, now);
+        self.ledger =
+            self.ledger
+                .remap(plan.world(), rank, |r| plan.new_rank(r), joiner_ranks, now);
         self.links = self
             .links
             .iter()
@@ -984,6 +1002,22 @@ impl Node {
         });
     }
 
+    /// Connection events and local evidence must be about the current epoch's numbering.
+    fn check_epoch(&self, epoch: Epoch) -> Result<(), InputError> {
+        let current = self.view.epoch();
+        match epoch.cmp(&current) {
+            std::cmp::Ordering::Less => Err(InputError::StaleEpoch {
+                frame: epoch,
+                current,
+            }),
+            std::cmp::Ordering::Greater => Err(InputError::FutureEpoch {
+                frame: epoch,
+                current,
+            }),
+            std::cmp::Ordering::Equal => Ok(()),
+        }
+    }
+
     fn check_peer(&self, peer: Rank) -> Result<(), InputError> {
         if peer.get() >= self.view.world() {
             return Err(InputError::RankOutOfRange {
@@ -1048,7 +1082,7 @@ fn invalid(kind: Kind, reason: &str) -> InputError {
 mod tests {
     use chorus_protocol::OpSeq;
     use chorus_protocol::message::{
-        Accept, Ballot, Chunk, ChunkHeader, Prepare, Promise, Proposal, Propose, StatusRequest,
+        Accept, Ballot, Chunk, ChunkHeader, Prepare, Promise, Proposal, Propose, Reject,
     };
 
     use super::*;
@@ -1210,15 +1244,19 @@ mod tests {
             n.handle(ms(1), frame(0, 0, chunk)),
             Err(InputError::NotControl { .. })
         ));
-        let status = Message::StatusRequest(StatusRequest { max_ops: 1 });
+        let reject = Message::Reject(Reject {
+            code: CloseCode::INTERNAL,
+            detail: String::new(),
+        });
         assert!(matches!(
-            n.handle(ms(1), frame(0, 0, status)),
+            n.handle(ms(1), frame(0, 0, reject)),
             Err(InputError::NotControl { .. })
         ));
         assert!(matches!(
             n.handle(
                 ms(1),
                 Input::ConnectionLost {
+                    epoch: Epoch(0),
                     peer: Rank(4),
                     code: CloseCode::INTERNAL
                 }
@@ -1229,6 +1267,7 @@ mod tests {
             n.handle(
                 ms(1),
                 Input::ConnectionLost {
+                    epoch: Epoch(0),
                     peer: Rank(1),
                     code: CloseCode::INTERNAL
                 }
@@ -1387,6 +1426,7 @@ mod tests {
         n.handle(
             ms(1),
             Input::ConnectionClosed {
+                epoch: Epoch(0),
                 peer: Rank(2),
                 code: CloseCode::ABORTED,
             },
@@ -1408,6 +1448,7 @@ mod tests {
         n.handle(
             ms(2),
             Input::ConnectionClosed {
+                epoch: Epoch(0),
                 peer: Rank(5),
                 code: CloseCode::STALE_EPOCH,
             },
@@ -1422,6 +1463,7 @@ mod tests {
         n.handle(
             ms(1),
             Input::ConnectionLost {
+                epoch: Epoch(0),
                 peer: Rank(5),
                 code: CloseCode::INTERNAL,
             },
@@ -1430,6 +1472,7 @@ mod tests {
         n.handle(
             ms(1),
             Input::PeerExited {
+                epoch: Epoch(0),
                 peer: Rank(6),
                 status: 9,
                 witness: Witness::Pidfd,
@@ -1439,6 +1482,7 @@ mod tests {
         n.handle(
             ms(1),
             Input::PeerExited {
+                epoch: Epoch(0),
                 peer: Rank(7),
                 status: 0,
                 witness: Witness::Launcher,
@@ -1575,6 +1619,7 @@ mod tests {
         n.handle(
             ms(1),
             Input::ConnectionClosed {
+                epoch: Epoch(0),
                 peer: Rank(0),
                 code: CloseCode::EVICTED,
             },
@@ -1616,6 +1661,7 @@ mod tests {
             n.handle(
                 ms(1),
                 Input::ConnectionLost {
+                    epoch: Epoch(0),
                     peer: Rank(2),
                     code: CloseCode::INTERNAL,
                 },
@@ -1718,6 +1764,7 @@ mod tests {
         n.handle(
             ms(1),
             Input::ConnectionLost {
+                epoch: Epoch(0),
                 peer: Rank(3),
                 code: CloseCode::INTERNAL,
             },
@@ -1751,6 +1798,7 @@ mod tests {
         n.handle(
             ms(1),
             Input::ConnectionLost {
+                epoch: Epoch(0),
                 peer: Rank(6),
                 code: CloseCode::INTERNAL,
             },
@@ -1775,6 +1823,80 @@ mod tests {
             transmits(&mut n).iter().all(|t| t.to != Rank(2)),
             "rate limited to one repair per interval"
         );
+    }
+
+    #[test]
+    fn closing_an_old_epochs_stream_is_not_a_departure() {
+        let mut n = node(1, 0);
+        n.handle(ms(1), Input::Command(Command::Shrink)).unwrap();
+        assert_eq!(n.epoch(), Epoch(1));
+        let old = Input::ConnectionClosed {
+            peer: Rank(0),
+            epoch: Epoch(0),
+            code: CloseCode::NORMAL,
+        };
+        assert!(matches!(
+            n.handle(ms(2), old),
+            Err(InputError::StaleEpoch { .. })
+        ));
+        assert_eq!(n.status(), Status::Member);
+    }
+
+    #[test]
+    fn a_relayed_grow_join_is_coordinated_here() {
+        let mut n = node(3, 2);
+        let joiner = PeerInfo {
+            rank: LAUNCHER,
+            host: "new".into(),
+            pid: 1,
+            control: chorus_protocol::message::WireAddr {
+                ip: [0; 16],
+                port: 1,
+            },
+            data: chorus_protocol::message::WireAddr {
+                ip: [0; 16],
+                port: 2,
+            },
+            fingerprint: [7; 32],
+            caps: 0,
+            incarnation: 0,
+        };
+        let join = Message::Join(chorus_protocol::message::Join {
+            world: 0,
+            peer: joiner,
+        });
+        n.handle(ms(1), frame(0, 0, join)).unwrap();
+        let prepares = transmits(&mut n)
+            .into_iter()
+            .filter(|t| matches!(t.message, Message::Prepare(Prepare { ballot }) if ballot.coordinator == Rank(2)))
+            .count();
+        assert_eq!(prepares, 2);
+        assert_eq!(n.pending_joiners().len(), 1);
+    }
+
+    #[test]
+    fn a_launcher_witness_notice_is_accepted() {
+        let mut n = node(4, 1);
+        let witness = Notice {
+            origin: LAUNCHER,
+            subject: Rank(3),
+            verdict: Verdict::Dead,
+            evidence: Evidence::LauncherWitness { status: -9 },
+            hops: 0,
+        };
+        n.handle(ms(1), frame(0, 0, Message::Notice(witness)))
+            .unwrap();
+        assert!(n.ledger().is_absent(Rank(3)));
+        // A rankless origin with any other evidence is malformed.
+        let forged = Notice {
+            subject: Rank(2),
+            evidence: Evidence::ProcessExited { status: 0 },
+            ..witness
+        };
+        assert!(matches!(
+            n.handle(ms(2), frame(0, 0, Message::Notice(forged))),
+            Err(InputError::Invalid { .. })
+        ));
     }
 
     #[test]

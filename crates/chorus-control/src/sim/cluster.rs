@@ -27,13 +27,32 @@ pub(crate) const COMM: CommId = CommId(0xc0);
 
 #[derive(Debug)]
 enum Ev {
-    Frame { to: u32, frame: Frame },
-    Conn { to: u32, peer: u32, what: Conn },
-    Timer { proc: u32 },
+    Frame {
+        to: u32,
+        frame: Frame,
+    },
+    /// A connection event; `epoch` is the closing stream's epoch (`None`: the receiver's).
+    Conn {
+        to: u32,
+        peer: u32,
+        epoch: Option<Epoch>,
+        what: Conn,
+    },
+    Timer {
+        proc: u32,
+    },
     Fault(usize),
-    Resume { proc: u32 },
-    Shrink { proc: u32, epoch: Epoch },
-    Start { proc: u32, view: View },
+    Resume {
+        proc: u32,
+    },
+    Shrink {
+        proc: u32,
+        epoch: Epoch,
+    },
+    Start {
+        proc: u32,
+        view: View,
+    },
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -302,22 +321,33 @@ impl Cluster {
                 }
                 self.after(to);
             }
-            Ev::Conn { to, peer, what } => {
+            Ev::Conn {
+                to,
+                peer,
+                epoch,
+                what,
+            } => {
                 let Some(node) = self.procs[to as usize].node.as_ref() else {
                     return;
                 };
-                let Some(rank) = self
-                    .tables
-                    .get(&node.epoch().get())
-                    .and_then(|t| t.rank_of(peer))
-                else {
+                let epoch = epoch.unwrap_or_else(|| node.epoch());
+                let Some(rank) = self.tables.get(&epoch.get()).and_then(|t| t.rank_of(peer)) else {
                     return;
                 };
                 let input = match what {
-                    Conn::Opened => Input::ConnectionOpened { peer: rank },
-                    Conn::Closed(code) => Input::ConnectionClosed { peer: rank, code },
-                    Conn::Lost(code) => Input::ConnectionLost { peer: rank, code },
+                    Conn::Opened => Input::ConnectionOpened { peer: rank, epoch },
+                    Conn::Closed(code) => Input::ConnectionClosed {
+                        peer: rank,
+                        epoch,
+                        code,
+                    },
+                    Conn::Lost(code) => Input::ConnectionLost {
+                        peer: rank,
+                        epoch,
+                        code,
+                    },
                     Conn::Exited => Input::PeerExited {
+                        epoch,
                         peer: rank,
                         status: 9,
                         witness: Witness::Pidfd,
@@ -490,6 +520,7 @@ impl Cluster {
                         Ev::Conn {
                             to: q,
                             peer: proc,
+                            epoch: None,
                             what: Conn::Opened,
                         },
                     );
@@ -498,6 +529,7 @@ impl Cluster {
                         Ev::Conn {
                             to: proc,
                             peer: q,
+                            epoch: None,
                             what: Conn::Opened,
                         },
                     );
@@ -515,6 +547,7 @@ impl Cluster {
                     Ev::Conn {
                         to: q,
                         peer: proc,
+                        epoch: Some(epoch),
                         what: Conn::Closed(code),
                     },
                 );
@@ -704,6 +737,7 @@ impl Cluster {
                         Ev::Conn {
                             to: q,
                             peer: proc,
+                            epoch: None,
                             what: Conn::Lost(CloseCode::INTERNAL),
                         },
                     );
@@ -720,6 +754,7 @@ impl Cluster {
                         Ev::Conn {
                             to: q,
                             peer: proc,
+                            epoch: None,
                             what: Conn::Exited,
                         },
                     );
