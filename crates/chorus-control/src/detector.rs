@@ -7,12 +7,6 @@
 //! whichever is later, pushed forward by any stall of this member itself (a frozen observer
 //! that resumes must not condemn the peers it could not hear while it was stopped). At
 //! `suspect_after` the ledger shows it `Suspect`; at `deadline` it is declared dead.
-//!
-//! An epoch change re-arranges the ring (compaction, joiners appended), so a peer may get
-//! new observers just as it falls silent. For one deadline after an epoch change, members
-//! therefore keep heartbeating their previous observers and keep watching their previous
-//! subjects (**lingering**): a rank that died just before the change is still declared
-//! within its original deadline, not one full deadline after the new observers started.
 
 use std::time::Duration;
 
@@ -28,10 +22,6 @@ struct Watch {
     rank: Rank,
     baseline: Instant,
     suspected: bool,
-    /// Whether the peer has been heard since the watch began.
-    heard: bool,
-    /// Set for a watch kept from the previous epoch: dropped at this time.
-    until: Option<Instant>,
 }
 
 /// What the detector found overdue.
@@ -51,8 +41,6 @@ pub(crate) struct Detector {
     seq: u64,
     next_heartbeat: Instant,
     observers: Vec<Rank>,
-    /// Previous epoch's observers, still heartbeated until the time given.
-    lingering: Vec<(Rank, Instant)>,
     watches: Vec<Watch>,
 }
 
@@ -66,7 +54,6 @@ impl Detector {
             seq: 0,
             next_heartbeat: now,
             observers: Vec::new(),
-            lingering: Vec::new(),
             watches: Vec::new(),
         }
     }
@@ -88,86 +75,35 @@ impl Detector {
             .collect();
         self.observers = observers;
         let mut fresh = Vec::new();
-        let mut watches: Vec<Watch> = ring
+        let watches = ring
             .observed(me, self.k)
             .into_iter()
             .map(|rank| match self.watches.iter().find(|w| w.rank == rank) {
-                Some(w) => Watch { until: None, ..*w },
+                Some(w) => *w,
                 None => {
                     fresh.push(rank);
                     Watch {
                         rank,
                         baseline: now,
                         suspected: false,
-                        heard: false,
-                        until: None,
                     }
                 }
             })
             .collect();
-        let lingering: Vec<Watch> = self
-            .watches
-            .iter()
-            .filter(|w| w.until.is_some_and(|t| t > now))
-            .filter(|w| ring.is_present(w.rank) && !watches.iter().any(|n| n.rank == w.rank))
-            .copied()
-            .collect();
-        watches.extend(lingering);
         self.watches = watches;
-        self.lingering
-            .retain(|(r, t)| *t > now && ring.is_present(*r));
         (fresh, gained)
     }
 
     /// Renumbers watches and observers for a new epoch, dropping removed ranks. A peer
-    /// watched before and after keeps its baseline; the old observers and subjects linger
-    /// (see the module docs) until the next [`Detector::reset`] decides who stays. Old
-    /// watches linger one deadline, old observers two heartbeat intervals longer, so a
-    /// lingering watch always ends before its subject stops heartbeating to it.
-    pub(crate) fn renumber(&mut self, new_rank: impl Fn(Rank) -> Option<Rank>, now: Instant) {
-        let heartbeat_until = now + self.deadline + self.interval * 2;
-        let mut lingering: Vec<(Rank, Instant)> = self
-            .lingering
-            .iter()
-            .filter_map(|(r, t)| new_rank(*r).map(|r| (r, *t)))
-            .collect();
-        for r in self.observers.iter().filter_map(|r| new_rank(*r)) {
-            lingering.retain(|(l, _)| *l != r);
-            lingering.push((r, heartbeat_until));
-        }
-        self.lingering = lingering;
-        self.observers.clear();
-        let watch_until = now + self.deadline;
-        // Only a peer heard since its watch began heartbeats to us, so only its watch may
-        // linger; a watch begun just before the change may be one the peer never knew of
-        // (it stays only if the new ring keeps it, as every watch does).
+    /// watched before and after keeps its baseline: an epoch change must not give a peer
+    /// that fell silent just before it a fresh deadline.
+    pub(crate) fn renumber(&mut self, new_rank: impl Fn(Rank) -> Option<Rank>) {
+        self.observers = self.observers.iter().filter_map(|r| new_rank(*r)).collect();
         self.watches = self
             .watches
             .iter()
-            .filter_map(|w| {
-                let until = if w.heard {
-                    w.until.map_or(watch_until, |t| t.min(watch_until))
-                } else {
-                    now
-                };
-                new_rank(w.rank).map(|rank| Watch {
-                    rank,
-                    until: Some(until),
-                    ..*w
-                })
-            })
+            .filter_map(|w| new_rank(w.rank).map(|rank| Watch { rank, ..*w }))
             .collect();
-    }
-
-    /// The ranks this member heartbeats to now: its observers and any lingering ones.
-    pub(crate) fn heartbeat_targets(&self, now: Instant) -> Vec<Rank> {
-        let mut out = self.observers.clone();
-        for (r, until) in &self.lingering {
-            if *until > now && !out.contains(r) {
-                out.push(*r);
-            }
-        }
-        out
     }
 
     /// The ranks this member heartbeats to.
@@ -185,7 +121,6 @@ impl Detector {
         if let Some(w) = self.watches.iter_mut().find(|w| w.rank == rank) {
             w.baseline = w.baseline.max(now);
             w.suspected = false;
-            w.heard = true;
         }
     }
 
@@ -222,9 +157,6 @@ impl Detector {
     pub(crate) fn expired(&mut self, now: Instant) -> Vec<Expiry> {
         let mut out = Vec::new();
         self.watches.retain_mut(|w| {
-            if w.until.is_some_and(|t| t <= now) {
-                return false;
-            }
             let silent = now.saturating_since(w.baseline);
             if silent >= self.deadline {
                 out.push(Expiry::Dead {
@@ -340,7 +272,7 @@ mod tests {
         d.reset(&Ring::new(6, &none), Rank(3), ms(0));
         d.heard(Rank(2), ms(900));
         // Rank 0 is removed: old ranks 1..6 become 0..5; we are now rank 2, watching 1 and 0.
-        d.renumber(|r| r.get().checked_sub(1).map(Rank), ms(1000));
+        d.renumber(|r| r.get().checked_sub(1).map(Rank));
         let (fresh, _) = d.reset(&Ring::new(5, &none), Rank(2), ms(1000));
         assert!(fresh.is_empty(), "both watched peers were watched before");
         let dead: Vec<_> = d

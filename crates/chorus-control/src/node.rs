@@ -49,6 +49,9 @@ use crate::view::View;
 /// The origin of a launcher's witness notice (`Rank::NONE` in the protocol: no rank).
 const LAUNCHER: Rank = Rank(u32::MAX);
 
+/// Longest `Depart::detail` the protocol carries (SPEC 9.2).
+const MAX_DETAIL: usize = 512;
+
 /// How many past commits a node keeps to catch up members that missed one.
 const HISTORY: usize = 8;
 
@@ -275,8 +278,8 @@ impl Node {
         self.detector.watched().collect()
     }
 
-    /// One row per member (`StatusReply::peers`, `health()`); this member's own row is
-    /// `Alive`, heard now.
+    /// One row per member (`StatusReply::peers`, `health()`), O(world); this member's own
+    /// row is `Alive`, heard now.
     pub fn peers(&self, now: Instant) -> Vec<PeerStatus> {
         (0..self.view.world())
             .map(Rank)
@@ -775,7 +778,7 @@ impl Node {
         }
         if let Some(seq) = self.detector.heartbeat_due(now) {
             let digest = self.digest().get();
-            for to in self.detector.heartbeat_targets(now) {
+            for to in self.detector.observers().to_vec() {
                 self.stats.heartbeats += 1;
                 self.send(to, epoch, Message::Heartbeat(Heartbeat { seq, digest }));
             }
@@ -875,7 +878,7 @@ impl Node {
             .cloned()
             .collect();
         self.agreement = Agreement::new(now, leftover);
-        self.detector.renumber(|r| plan.new_rank(r), now);
+        self.detector.renumber(|r| plan.new_rank(r));
         self.reset_overlay(now);
         self.detector.heartbeat_now(now);
         tracing::info!(at = %now, rank = %rank, epoch = %plan.epoch(), world = plan.world(), removed = ?plan.removed(), "membership agreed");
@@ -928,7 +931,8 @@ impl Node {
     }
 
     /// Departure is a message (principle 1): `Depart` to every neighbour, then closes.
-    fn depart(&mut self, code: CloseCode, detail: String) {
+    fn depart(&mut self, code: CloseCode, mut detail: String) {
+        truncate(&mut detail, MAX_DETAIL);
         let epoch = self.view.epoch();
         let mut to: BTreeSet<Rank> = self.links.clone();
         to.extend(self.detector.observers().iter().copied());
@@ -1062,6 +1066,17 @@ fn is_control(kind: Kind) -> bool {
             | Kind::Join
             | Kind::Welcome
     )
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
 }
 
 fn same_process(a: &PeerInfo, b: &PeerInfo) -> bool {
@@ -1897,6 +1912,25 @@ mod tests {
             n.handle(ms(2), frame(0, 0, Message::Notice(forged))),
             Err(InputError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn a_long_departure_detail_is_cut_to_what_the_wire_carries() {
+        let mut n = node(2, 0);
+        let detail = "é".repeat(400);
+        n.handle(
+            ms(1),
+            Input::Command(Command::Depart {
+                code: CloseCode::LEFT,
+                detail,
+            }),
+        )
+        .unwrap();
+        let sent = transmits(&mut n);
+        let Message::Depart(d) = &sent[0].message else {
+            panic!("{sent:?}")
+        };
+        assert!(d.detail.len() <= MAX_DETAIL && d.detail.len() >= MAX_DETAIL - 1);
     }
 
     #[test]
