@@ -15,6 +15,9 @@
 //!   spread is (⌈log2 N⌉ + 2) worst latencies.
 //! - **Departure.** On a loss-free, partition-free network without epoch changes, every
 //!   healthy member learns a departure within (⌈log2 N⌉ + 2) worst one-way latencies.
+//!   Otherwise the detection bound applies: a `Depart` racing a commit arrives at members
+//!   already at the new epoch, which refuse it as stale (principle 6), and the departed
+//!   rank is then found silent by its new observers.
 //! - **Revocation.** Same bound as a departure's spread, for members still at the revoked
 //!   epoch.
 //! - **Agreement.** With the application shrinking on every absence and no long partition,
@@ -104,7 +107,7 @@ pub(crate) fn finish(c: &Cluster) -> Report {
                 (None, None, Some(t)) => (t, true),
                 _ => continue,
             };
-            let strict = departure && !lossy && !any_partition && s.shrink.is_none();
+            let strict = departure && !lossy && !any_partition && !epoch_changes;
             let bound = if strict {
                 start + spread + Duration::from_millis(1)
             } else {
