@@ -47,6 +47,11 @@ pub struct Config {
     pub recorder_ops: usize,
     /// Per-collective algorithm overrides, e.g. `CHORUS_ALGO=all-reduce=ring,broadcast=tree`.
     pub algorithms: AlgorithmOverrides,
+    /// Votes a shrink or grow needs. `CHORUS_QUORUM` = `majority` (default: a partition can
+    /// never split the communicator, but half the members or fewer cannot shrink) or
+    /// `survivors` (every member not known absent: any number of failures survived, at the
+    /// risk of two sides of a long partition each continuing).
+    pub quorum: chorus_control::Quorum,
 }
 
 impl Default for Config {
@@ -65,6 +70,7 @@ impl Default for Config {
             depart_on_signal: false,
             recorder_ops: 64,
             algorithms: AlgorithmOverrides::default(),
+            quorum: chorus_control::Quorum::Majority,
         }
     }
 }
@@ -215,6 +221,13 @@ impl Config {
         if let Some((var, v)) = get("CHORUS_RECORDER_OPS") {
             self.recorder_ops = parsed(var, &v, "a whole number of operations")?;
         }
+        if let Some((var, v)) = get("CHORUS_QUORUM") {
+            self.quorum = match v.trim() {
+                "majority" => chorus_control::Quorum::Majority,
+                "survivors" => chorus_control::Quorum::Survivors,
+                _ => return Err(invalid(var, &v, "expected majority or survivors")),
+            };
+        }
         if let Some((var, v)) = get("CHORUS_ALGO") {
             self.algorithms = v.parse().map_err(|reason| invalid(var, &v, reason))?;
         }
@@ -362,6 +375,7 @@ mod tests {
             ("CHORUS_ALGO", "teleport=ring"),
             ("CHORUS_ALGO", "all-reduce=ring,all-reduce=tree"),
             ("CHORUS_RECORDER_OPS", "0"),
+            ("CHORUS_QUORUM", "most"),
             ("CHORUS_TEARDOWN_BUDGET", "0s"),
         ] {
             let err = with(&[(var, value)]).unwrap_err();

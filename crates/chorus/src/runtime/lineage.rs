@@ -404,7 +404,7 @@ impl Driver {
             }
             Role::Status => {
                 if let Message::StatusRequest(req) = message {
-                    let reply = self.status_reply(req.max_ops as usize);
+                    let reply = self.status_reply(req.max_ops as usize, req.with_members);
                     if let Some(c) = self.chans.get(&id) {
                         c.send(Message::StatusReply(reply));
                     }
@@ -434,7 +434,7 @@ impl Driver {
         self.input(Input::Command(Command::Admit(peers)));
     }
 
-    fn status_reply(&self, max_ops: usize) -> StatusReply {
+    fn status_reply(&self, max_ops: usize, with_members: bool) -> StatusReply {
         let now = Instant::now();
         let ops = self
             .live_epochs()
@@ -448,6 +448,11 @@ impl Driver {
             peers: self.node.peers(self.session.clock.now()),
             ops,
             async_error: self.shared.async_error().map(|e| e.to_string()),
+            members: if with_members {
+                self.tables.get(&self.node.epoch()).cloned().unwrap_or_default()
+            } else {
+                Vec::new()
+            },
         }
     }
 

@@ -34,7 +34,7 @@ pub struct RootHost {
     handle: tokio::runtime::Handle,
     members: Arc<Mutex<Option<Vec<PeerInfo>>>>,
     stop: Option<oneshot::Sender<()>>,
-    exited: Option<std::sync::mpsc::Receiver<()>>,
+    exited: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     teardown: Duration,
 }
 
@@ -119,7 +119,7 @@ impl RootHost {
             handle,
             members,
             stop: Some(stop),
-            exited: Some(exited_rx),
+            exited: Mutex::new(Some(exited_rx)),
             teardown: Duration::from_secs(2),
         })
     }
@@ -197,7 +197,8 @@ impl Drop for RootHost {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(exited) = self.exited.take()
+        let exited = self.exited.lock().ok().and_then(|mut e| e.take());
+        if let Some(exited) = exited
             && exited.recv_timeout(self.teardown).is_err()
         {
             tracing::warn!("bootstrap root did not stop within {:?}", self.teardown);
