@@ -295,7 +295,10 @@ fn proposal() -> Proposal {
         comm: CommId(0x0123_4567_89ab_cdef),
         epoch: Epoch(4),
         removed: vec![Rank(3)],
-        joiners: vec![PeerInfo { rank: Rank(3), ..peer(7) }],
+        joiners: vec![PeerInfo {
+            rank: Rank(3),
+            ..peer(7)
+        }],
     }
 }
 

@@ -325,7 +325,10 @@ fn joiners(joiners: &[PeerInfo], limits: &Limits) -> Result<(), Invalid> {
     let first = joiners.first().map(|j| j.rank.index()).unwrap_or(0);
     for (i, j) in joiners.iter().enumerate() {
         if j.rank == Rank::NONE || j.rank.index() != first + i {
-            return Err(Invalid::RankOutOfPlace { index: i, rank: j.rank });
+            return Err(Invalid::RankOutOfPlace {
+                index: i,
+                rank: j.rank,
+            });
         }
         j.validate(limits)?;
     }

@@ -14,8 +14,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use chorus_engine::context::AbortReason;
 use chorus_engine::{
-    Buffer, CancelReason, Context, Engine, EngineConfig, HostDevice, Link, LinkError, Op,
-    OpError, OpErrorKind, Reduction,
+    Buffer, CancelReason, Context, Engine, EngineConfig, HostDevice, Link, LinkError, Op, OpError,
+    OpErrorKind, Reduction,
 };
 use chorus_protocol::message::{Join, Message, PeerInfo, PeerStatus, Role, Welcome};
 use chorus_protocol::{CloseCode, Collective, CommId, Envelope, Epoch, Rank};
@@ -126,7 +126,12 @@ impl Comm {
             RootSpec::Token(id) => {
                 Self::init_hosting(&id, launch.rank.get(), launch.world, config, None).await
             }
-            RootSpec::Address { host, port, secret, secret_derived } => {
+            RootSpec::Address {
+                host,
+                port,
+                secret,
+                secret_derived,
+            } => {
                 if secret_derived {
                     tracing::warn!(
                         "no CHORUS_SECRET or token: the job secret is derived from the launch \
@@ -145,13 +150,25 @@ impl Comm {
                         port,
                     );
                     Some(
-                        RootHost::start_with(bind, launch.world, &config, secret.clone(), comm, false)
-                            .await?,
+                        RootHost::start_with(
+                            bind,
+                            launch.world,
+                            &config,
+                            secret.clone(),
+                            comm,
+                            false,
+                        )
+                        .await?,
                     )
                 } else {
                     None
                 };
-                let id = UniqueId { comm, root: addr, fingerprint: Fingerprint::ANY.0, secret };
+                let id = UniqueId {
+                    comm,
+                    root: addr,
+                    fingerprint: Fingerprint::ANY.0,
+                    secret,
+                };
                 Self::init_hosting(&id, launch.rank.get(), launch.world, config, root).await
             }
         }
@@ -164,7 +181,9 @@ impl Comm {
         config: Config,
         root: Option<RootHost>,
     ) -> Result<Comm> {
-        config.check().map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+        config
+            .check()
+            .map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
         if world == 0 || rank >= world {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -181,16 +200,36 @@ impl Comm {
         session.registry.serve(id.comm, Epoch(0), rank, tx.clone());
         let welcome = {
             let (session, id) = (session.clone(), id.clone());
-            session.clone().run(bootstrap(session, id, rank, world, deadline)).await??
+            session
+                .clone()
+                .run(bootstrap(session, id, rank, world, deadline))
+                .await??
         };
         let shared = Arc::new(Shared::default());
-        let driver = Driver::new(session.clone(), &welcome, rank, rx, tx.clone(), shared.clone())?;
+        let driver = Driver::new(
+            session.clone(),
+            &welcome,
+            rank,
+            rx,
+            tx.clone(),
+            shared.clone(),
+        )?;
         session.handle.spawn(driver.run());
-        let lineage = Arc::new(LineageHandle { handle: lineage::Handle { tx, shared } });
+        let lineage = Arc::new(LineageHandle {
+            handle: lineage::Handle { tx, shared },
+        });
         let life = Context::root();
-        let epoch =
-            build_epoch(&session, &lineage, &life, welcome.comm, welcome.epoch, rank, welcome.members, deadline)
-                .await?;
+        let epoch = build_epoch(
+            &session,
+            &lineage,
+            &life,
+            welcome.comm,
+            welcome.epoch,
+            rank,
+            welcome.members,
+            deadline,
+        )
+        .await?;
         tracing::info!(comm = %epoch.comm, rank = %rank, world, ms = millis(started.elapsed()), "communicator ready");
         let comm = Comm::from_parts(session, lineage, epoch, life, root);
         comm.install_signal_departure();
@@ -226,7 +265,8 @@ impl Comm {
             tracing::warn!("departure on signals unavailable: {e}");
             return;
         }
-        let departer: Arc<dyn signal::Departer> = Arc::new(SignalDeparter(Arc::downgrade(&self.inner)));
+        let departer: Arc<dyn signal::Departer> =
+            Arc::new(SignalDeparter(Arc::downgrade(&self.inner)));
         let registration = signal::register(&departer);
         // The registry holds it weakly; keep it alive as long as this communicator.
         std::mem::forget(departer);
@@ -305,7 +345,12 @@ impl Comm {
     }
 
     /// Every rank ends with the reduction of every rank's `send`.
-    pub async fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: Reduction) -> Result<()> {
+    pub async fn all_reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: Reduction,
+    ) -> Result<()> {
         let count = send.len();
         self.run(Op::AllReduce {
             buf: Buffer::separate(bytes(send), bytes_mut(recv)),
@@ -317,10 +362,19 @@ impl Comm {
     }
 
     /// All-reduce with one buffer for input and output.
-    pub async fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: Reduction) -> Result<()> {
+    pub async fn all_reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: Reduction,
+    ) -> Result<()> {
         let count = buf.len();
-        self.run(Op::AllReduce { buf: Buffer::in_place(bytes_mut(buf)), count, dtype: T::DTYPE, reduction: op })
-            .await
+        self.run(Op::AllReduce {
+            buf: Buffer::in_place(bytes_mut(buf)),
+            count,
+            dtype: T::DTYPE,
+            reduction: op,
+        })
+        .await
     }
 
     /// The root ends with the reduction of every rank's `send` in `recv` (other ranks'
@@ -346,20 +400,34 @@ impl Comm {
     /// Every rank ends with the root's `buf`.
     pub async fn broadcast<T: Element>(&self, buf: &mut [T], root: u32) -> Result<()> {
         let count = buf.len();
-        self.run(Op::Broadcast { buf: Buffer::in_place(bytes_mut(buf)), count, dtype: T::DTYPE, root: Rank(root) })
-            .await
+        self.run(Op::Broadcast {
+            buf: Buffer::in_place(bytes_mut(buf)),
+            count,
+            dtype: T::DTYPE,
+            root: Rank(root),
+        })
+        .await
     }
 
     /// Every rank's `send` lands at `rank * send.len()` of every rank's `recv`.
     pub async fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let count = send.len();
-        self.run(Op::AllGather { buf: Buffer::separate(bytes(send), bytes_mut(recv)), count, dtype: T::DTYPE })
-            .await
+        self.run(Op::AllGather {
+            buf: Buffer::separate(bytes(send), bytes_mut(recv)),
+            count,
+            dtype: T::DTYPE,
+        })
+        .await
     }
 
     /// Rank `i` ends with the reduction of block `i` of every rank's `send`
     /// (`send.len() == world * recv.len()`).
-    pub async fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: Reduction) -> Result<()> {
+    pub async fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: Reduction,
+    ) -> Result<()> {
         let count = recv.len();
         self.run(Op::ReduceScatter {
             buf: Buffer::separate(bytes(send), bytes_mut(recv)),
@@ -373,8 +441,12 @@ impl Comm {
     /// Block `j` of rank `i`'s `send` lands in block `i` of rank `j`'s `recv`.
     pub async fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let count = send.len() / self.size().max(1) as usize;
-        self.run(Op::AllToAll { buf: Buffer::separate(bytes(send), bytes_mut(recv)), count, dtype: T::DTYPE })
-            .await
+        self.run(Op::AllToAll {
+            buf: Buffer::separate(bytes(send), bytes_mut(recv)),
+            count,
+            dtype: T::DTYPE,
+        })
+        .await
     }
 
     /// The root's `recv` ends with every rank's `send` in rank order.
@@ -403,13 +475,25 @@ impl Comm {
 
     /// Sends `buf` to `peer`, which calls [`Comm::recv`].
     pub async fn send<T: Element>(&self, buf: &[T], peer: u32) -> Result<()> {
-        self.run(Op::Send { buf: bytes(buf), count: buf.len(), dtype: T::DTYPE, peer: Rank(peer) }).await
+        self.run(Op::Send {
+            buf: bytes(buf),
+            count: buf.len(),
+            dtype: T::DTYPE,
+            peer: Rank(peer),
+        })
+        .await
     }
 
     /// Receives `buf.len()` elements from `peer`.
     pub async fn recv<T: Element>(&self, buf: &mut [T], peer: u32) -> Result<()> {
         let count = buf.len();
-        self.run(Op::Recv { buf: bytes_mut(buf), count, dtype: T::DTYPE, peer: Rank(peer) }).await
+        self.run(Op::Recv {
+            buf: bytes_mut(buf),
+            count,
+            dtype: T::DTYPE,
+            peer: Rank(peer),
+        })
+        .await
     }
 
     /// Returns once every member has entered the barrier.
@@ -419,7 +503,10 @@ impl Comm {
 
     fn usable(&self) -> Result<()> {
         if self.inner.closed.load(Ordering::Acquire) {
-            return Err(self.stamp(Error::new(ErrorKind::Destroyed, "the communicator was destroyed or aborted")));
+            return Err(self.stamp(Error::new(
+                ErrorKind::Destroyed,
+                "the communicator was destroyed or aborted",
+            )));
         }
         Ok(())
     }
@@ -433,13 +520,13 @@ impl Comm {
     /// also evidence for the control plane (conclusive: the peer's sockets closed).
     fn op_error(&self, e: &OpError) -> Error {
         let root = e.root_cause();
-        if let (OpErrorKind::Link(LinkError::ConnectionLost { .. }), Some(peer)) = (&root.kind, root.peer) {
-            let _ = self
-                .inner
-                .lineage
-                .handle
-                .tx
-                .send(LineageMsg::DataLost { peer, epoch: self.inner.epoch.epoch });
+        if let (OpErrorKind::Link(LinkError::ConnectionLost { .. }), Some(peer)) =
+            (&root.kind, root.peer)
+        {
+            let _ = self.inner.lineage.handle.tx.send(LineageMsg::DataLost {
+                peer,
+                epoch: self.inner.epoch.epoch,
+            });
         }
         let err = self.stamp(from_op(e));
         if !matches!(err.kind, ErrorKind::InvalidArgument) {
@@ -466,7 +553,8 @@ impl Comm {
         if !self.inner.lineage.handle.request(Request::Revoke { reply }) {
             return Err(self.stamp(Error::new(ErrorKind::Destroyed, "control driver gone")));
         }
-        rx.await.map_err(|_| self.stamp(Error::new(ErrorKind::Destroyed, "control driver gone")))
+        rx.await
+            .map_err(|_| self.stamp(Error::new(ErrorKind::Destroyed, "control driver gone")))
     }
 
     /// Survivors agree on who is gone and continue in a new communicator: ranks compacted
@@ -482,10 +570,22 @@ impl Comm {
     pub async fn grow(&self, joiners: u32) -> Result<Comm> {
         let (reply, rx) = oneshot::channel();
         let after = self.inner.epoch.epoch;
-        self.agree(Request::Grow { after, joiners, reply }, rx).await
+        self.agree(
+            Request::Grow {
+                after,
+                joiners,
+                reply,
+            },
+            rx,
+        )
+        .await
     }
 
-    async fn agree(&self, request: Request, rx: oneshot::Receiver<Result<NextEpoch>>) -> Result<Comm> {
+    async fn agree(
+        &self,
+        request: Request,
+        rx: oneshot::Receiver<Result<NextEpoch>>,
+    ) -> Result<Comm> {
         let started = Instant::now();
         if !self.inner.lineage.handle.request(request) {
             return Err(self.stamp(Error::new(ErrorKind::Destroyed, "control driver gone")));
@@ -510,7 +610,13 @@ impl Comm {
         .await?;
         tracing::info!(epoch = %epoch.epoch, world = epoch.world, rank = %epoch.rank,
             ms = millis(started.elapsed()), "new epoch ready");
-        Ok(Comm::from_parts(session, self.inner.lineage.clone(), epoch, life, None))
+        Ok(Comm::from_parts(
+            session,
+            self.inner.lineage.clone(),
+            epoch,
+            life,
+            None,
+        ))
     }
 
     /// The token a new process passes to [`Comm::join`] to be admitted by [`Comm::grow`]:
@@ -528,7 +634,9 @@ impl Comm {
 
     /// Joins a running communicator as a new member (the members call [`Comm::grow`]).
     pub async fn join(token: &UniqueId, config: Config) -> Result<Comm> {
-        config.check().map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+        config
+            .check()
+            .map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
         let started = Instant::now();
         let deadline = started + config.agree_timeout;
         let session = Session::start(config.clone(), token.secret.clone()).await?;
@@ -542,17 +650,41 @@ impl Comm {
             .iter()
             .find(|p| p.fingerprint == fingerprint && p.incarnation == session.incarnation)
             .map(|p| p.rank)
-            .ok_or_else(|| Error::new(ErrorKind::Bootstrap, "the welcome does not list this process"))?;
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Bootstrap,
+                    "the welcome does not list this process",
+                )
+            })?;
         let (tx, rx) = mpsc::unbounded_channel();
-        session.registry.serve(welcome.comm, welcome.epoch, me, tx.clone());
+        session
+            .registry
+            .serve(welcome.comm, welcome.epoch, me, tx.clone());
         let shared = Arc::new(Shared::default());
-        let driver = Driver::new(session.clone(), &welcome, me, rx, tx.clone(), shared.clone())?;
+        let driver = Driver::new(
+            session.clone(),
+            &welcome,
+            me,
+            rx,
+            tx.clone(),
+            shared.clone(),
+        )?;
         session.handle.spawn(driver.run());
-        let lineage = Arc::new(LineageHandle { handle: lineage::Handle { tx, shared } });
+        let lineage = Arc::new(LineageHandle {
+            handle: lineage::Handle { tx, shared },
+        });
         let life = Context::root();
-        let epoch =
-            build_epoch(&session, &lineage, &life, welcome.comm, welcome.epoch, me, welcome.members, deadline)
-                .await?;
+        let epoch = build_epoch(
+            &session,
+            &lineage,
+            &life,
+            welcome.comm,
+            welcome.epoch,
+            me,
+            welcome.members,
+            deadline,
+        )
+        .await?;
         tracing::info!(rank = %me, ms = millis(started.elapsed()), "joined");
         let comm = Comm::from_parts(session, lineage, epoch, life, None);
         comm.install_signal_departure();
@@ -577,21 +709,52 @@ impl Comm {
         let members: Vec<PeerInfo> = group
             .iter()
             .enumerate()
-            .map(|(new, (_, oldr))| PeerInfo { rank: Rank(new as u32), ..old.members[*oldr as usize].clone() })
+            .map(|(new, (_, oldr))| PeerInfo {
+                rank: Rank(new as u32),
+                ..old.members[*oldr as usize].clone()
+            })
             .collect();
-        let me = Rank(group.iter().position(|(_, r)| *r == old.rank.get()).unwrap_or(0) as u32);
+        let me = Rank(
+            group
+                .iter()
+                .position(|(_, r)| *r == old.rank.get())
+                .unwrap_or(0) as u32,
+        );
         let comm = split_id(old.comm, old.epoch, self.next_split(), color);
-        let welcome = Welcome { comm, epoch: Epoch(0), members };
+        let welcome = Welcome {
+            comm,
+            epoch: Epoch(0),
+            members,
+        };
         let session = self.inner.session.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         session.registry.serve(comm, Epoch(0), me, tx.clone());
         let shared = Arc::new(Shared::default());
-        let driver = Driver::new(session.clone(), &welcome, me, rx, tx.clone(), shared.clone())?;
+        let driver = Driver::new(
+            session.clone(),
+            &welcome,
+            me,
+            rx,
+            tx.clone(),
+            shared.clone(),
+        )?;
         session.handle.spawn(driver.run());
-        let lineage = Arc::new(LineageHandle { handle: lineage::Handle { tx, shared } });
+        let lineage = Arc::new(LineageHandle {
+            handle: lineage::Handle { tx, shared },
+        });
         let life = self.inner.life.child();
         let deadline = Instant::now() + session.config.init_timeout;
-        let epoch = build_epoch(&session, &lineage, &life, comm, Epoch(0), me, welcome.members, deadline).await?;
+        let epoch = build_epoch(
+            &session,
+            &lineage,
+            &life,
+            comm,
+            Epoch(0),
+            me,
+            welcome.members,
+            deadline,
+        )
+        .await?;
         let child = Comm::from_parts(session, lineage, epoch, life, None);
         if let Ok(mut children) = self.inner.children.lock() {
             children.retain(|w| w.strong_count() > 0);
@@ -633,7 +796,10 @@ impl Comm {
             .run(async move { tokio::time::timeout(budget, depart).await })
             .await;
         for link in &links {
-            link.cancel(CancelReason::new(CloseCode::NORMAL, "communicator destroyed"));
+            link.cancel(CancelReason::new(
+                CloseCode::NORMAL,
+                "communicator destroyed",
+            ));
         }
         self.inner.epoch.hooks.ctx.abort(AbortReason::Shutdown);
         let left = budget.saturating_sub(started.elapsed());
@@ -679,7 +845,9 @@ impl Drop for Inner {
                 link.cancel(CancelReason::new(CloseCode::NORMAL, "communicator dropped"));
             }
         }
-        self.session.registry.retire(self.epoch.comm, self.epoch.epoch);
+        self.session
+            .registry
+            .retire(self.epoch.comm, self.epoch.epoch);
     }
 }
 
@@ -688,7 +856,9 @@ struct SignalDeparter(Weak<Inner>);
 
 impl signal::Departer for SignalDeparter {
     fn depart_now(&self, reason: &str, deadline: Instant) {
-        let Some(inner) = self.0.upgrade() else { return };
+        let Some(inner) = self.0.upgrade() else {
+            return;
+        };
         let (reply, rx) = oneshot::channel();
         if inner.lineage.handle.request(Request::Depart {
             code: CloseCode::LEFT,
@@ -723,17 +893,43 @@ async fn build_epoch(
     let world = members.len() as u32;
     let links: Vec<DataLink> = {
         let (s, m) = (session.clone(), members.clone());
-        session.run(links::mesh(s, comm, epoch, rank, m, deadline)).await??
+        session
+            .run(links::mesh(s, comm, epoch, rank, m, deadline))
+            .await??
     };
     let ctx = life.child();
     let recorder = Arc::new(Recorder::new(session.config.recorder_ops));
     let engine_config = engine_config(&session.config)?;
-    let engine = Engine::new(rank, world, links.clone(), Arc::new(HostDevice), &ctx, engine_config)
-        .map_err(|e| Error::new(ErrorKind::Internal, format!("engine: {e}")))?
-        .with_observer(recorder.clone());
-    let hooks = Arc::new(EpochHooks { comm, epoch, ctx, links, recorder: recorder.clone() });
-    lineage.handle.request(Request::Attach(Arc::downgrade(&hooks)));
-    Ok(Arc::new(EpochState { comm, epoch, rank, world, members, hooks, engine, recorder }))
+    let engine = Engine::new(
+        rank,
+        world,
+        links.clone(),
+        Arc::new(HostDevice),
+        &ctx,
+        engine_config,
+    )
+    .map_err(|e| Error::new(ErrorKind::Internal, format!("engine: {e}")))?
+    .with_observer(recorder.clone());
+    let hooks = Arc::new(EpochHooks {
+        comm,
+        epoch,
+        ctx,
+        links,
+        recorder: recorder.clone(),
+    });
+    lineage
+        .handle
+        .request(Request::Attach(Arc::downgrade(&hooks)));
+    Ok(Arc::new(EpochState {
+        comm,
+        epoch,
+        rank,
+        world,
+        members,
+        hooks,
+        engine,
+        recorder,
+    }))
 }
 
 /// The engine's configuration from the communicator's (algorithm overrides checked here).
@@ -773,33 +969,65 @@ async fn bootstrap(
     deadline: Instant,
 ) -> Result<Welcome> {
     let route = Envelope::new(id.comm, Epoch(0), rank);
-    let connect = session.quic.connect(id.root, Fingerprint(id.fingerprint), Role::Bootstrap, route, Rank::NONE);
+    let connect = session.quic.connect(
+        id.root,
+        Fingerprint(id.fingerprint),
+        Role::Bootstrap,
+        route,
+        Rank::NONE,
+    );
     let conn = match tokio::time::timeout_at(tokio_instant(deadline), connect).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
-            return Err(Error::new(ErrorKind::Bootstrap, format!("cannot reach the root at {}: {e}", id.root)));
+            return Err(Error::new(
+                ErrorKind::Bootstrap,
+                format!("cannot reach the root at {}: {e}", id.root),
+            ));
         }
-        Err(_) => return Err(Error::new(ErrorKind::Timeout, format!("the root at {} did not answer in time", id.root))),
+        Err(_) => {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!("the root at {} did not answer in time", id.root),
+            ));
+        }
     };
     let channel = conn.into_control();
-    let join = Join { world, peer: session.peer_info(rank) };
+    let join = Join {
+        world,
+        peer: session.peer_info(rank),
+    };
     let exchange = async {
-        channel.send(Message::Join(join)).await.map_err(|e| Error::new(ErrorKind::Bootstrap, e.to_string()))?;
-        channel.recv().await.map_err(|e| Error::new(ErrorKind::Bootstrap, e.to_string()))
+        channel
+            .send(Message::Join(join))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Bootstrap, e.to_string()))?;
+        channel
+            .recv()
+            .await
+            .map_err(|e| Error::new(ErrorKind::Bootstrap, e.to_string()))
     };
     let frame = match tokio::time::timeout_at(tokio_instant(deadline), exchange).await {
         Ok(r) => r?,
         Err(_) => {
-            return Err(Error::new(ErrorKind::Timeout, "not every rank joined before the init deadline"));
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                "not every rank joined before the init deadline",
+            ));
         }
     };
     let welcome = match frame.message {
         Message::Welcome(w) => w,
         Message::Reject(r) => {
-            return Err(Error::new(ErrorKind::Bootstrap, format!("the root refused: {} ({})", r.detail, r.code)));
+            return Err(Error::new(
+                ErrorKind::Bootstrap,
+                format!("the root refused: {} ({})", r.detail, r.code),
+            ));
         }
         other => {
-            return Err(Error::new(ErrorKind::Protocol, format!("the root answered with {}", other.kind())));
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("the root answered with {}", other.kind()),
+            ));
         }
     };
     let mine = welcome.members.get(rank.index());
@@ -807,7 +1035,10 @@ async fn bootstrap(
         || welcome.members.len() != world as usize
         || mine.is_none_or(|p| p.fingerprint != session.identity.fingerprint().0)
     {
-        return Err(Error::new(ErrorKind::Bootstrap, "the root's peer table does not match this join"));
+        return Err(Error::new(
+            ErrorKind::Bootstrap,
+            "the root's peer table does not match this join",
+        ));
     }
     Ok(welcome)
 }
@@ -815,22 +1046,50 @@ async fn bootstrap(
 /// Asks a running communicator's coordinator to admit this process; returns its welcome.
 async fn ask_to_join(session: Arc<Session>, token: UniqueId, deadline: Instant) -> Result<Welcome> {
     let route = Envelope::new(token.comm, Epoch(0), Rank::NONE);
-    let connect = session.quic.connect(token.root, Fingerprint(token.fingerprint), Role::Joiner, route, Rank(0));
+    let connect = session.quic.connect(
+        token.root,
+        Fingerprint(token.fingerprint),
+        Role::Joiner,
+        route,
+        Rank(0),
+    );
     let conn = match tokio::time::timeout_at(tokio_instant(deadline), connect).await {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(Error::new(ErrorKind::Bootstrap, format!("cannot reach {}: {e}", token.root))),
-        Err(_) => return Err(Error::new(ErrorKind::Timeout, "the coordinator did not answer in time")),
+        Ok(Err(e)) => {
+            return Err(Error::new(
+                ErrorKind::Bootstrap,
+                format!("cannot reach {}: {e}", token.root),
+            ));
+        }
+        Err(_) => {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                "the coordinator did not answer in time",
+            ));
+        }
     };
     let channel = conn.into_control();
-    let join = Join { world: 0, peer: session.peer_info(Rank::NONE) };
+    let join = Join {
+        world: 0,
+        peer: session.peer_info(Rank::NONE),
+    };
     let exchange = async {
-        channel.send(Message::Join(join)).await.map_err(|e| Error::new(ErrorKind::Bootstrap, e.to_string()))?;
+        channel
+            .send(Message::Join(join))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Bootstrap, e.to_string()))?;
         loop {
-            let frame = channel.recv().await.map_err(|e| Error::new(ErrorKind::Bootstrap, e.to_string()))?;
+            let frame = channel
+                .recv()
+                .await
+                .map_err(|e| Error::new(ErrorKind::Bootstrap, e.to_string()))?;
             match frame.message {
                 Message::Welcome(w) => return Ok(w),
                 Message::Reject(r) => {
-                    return Err(Error::new(ErrorKind::Bootstrap, format!("refused: {} ({})", r.detail, r.code)));
+                    return Err(Error::new(
+                        ErrorKind::Bootstrap,
+                        format!("refused: {} ({})", r.detail, r.code),
+                    ));
                 }
                 _ => {}
             }
@@ -838,7 +1097,10 @@ async fn ask_to_join(session: Arc<Session>, token: UniqueId, deadline: Instant) 
     };
     match tokio::time::timeout_at(tokio_instant(deadline), exchange).await {
         Ok(r) => r,
-        Err(_) => Err(Error::new(ErrorKind::Timeout, "not admitted before the deadline (did the members call grow?)")),
+        Err(_) => Err(Error::new(
+            ErrorKind::Timeout,
+            "not admitted before the deadline (did the members call grow?)",
+        )),
     }
 }
 
@@ -865,7 +1127,12 @@ fn resolve(host: &str, port: u16) -> Result<std::net::SocketAddr> {
         .to_socket_addrs()
         .ok()
         .and_then(|mut a| a.next())
-        .ok_or_else(|| Error::new(ErrorKind::Config, format!("cannot resolve the root address {host}:{port}")))
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Config,
+                format!("cannot resolve the root address {host}:{port}"),
+            )
+        })
 }
 
 /// Blocking twins of [`Comm`]'s calls, for code without an executor.
@@ -879,7 +1146,13 @@ impl Blocking<'_> {
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: Reduction) -> Result<()> {
         block_on(self.0.all_reduce_in_place(buf, op))
     }
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: Reduction, root: u32) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: Reduction,
+        root: u32,
+    ) -> Result<()> {
         block_on(self.0.reduce(send, recv, op, root))
     }
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: u32) -> Result<()> {
@@ -888,7 +1161,12 @@ impl Blocking<'_> {
     pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         block_on(self.0.all_gather(send, recv))
     }
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: Reduction) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: Reduction,
+    ) -> Result<()> {
         block_on(self.0.reduce_scatter(send, recv, op))
     }
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {

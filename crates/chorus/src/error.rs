@@ -311,9 +311,9 @@ mod tests {
 /// The public error for an engine operation's failure: the kind from its root cause (an
 /// abort reason, a link failure, bad arguments), and every structured field the engine kept.
 pub(crate) fn from_op(e: &chorus_engine::OpError) -> Error {
+    use chorus_engine::OpErrorKind;
     use chorus_engine::context::AbortReason;
     use chorus_engine::link::LinkError;
-    use chorus_engine::OpErrorKind;
 
     let root = e.root_cause();
     let mut out = match &root.kind {
@@ -342,12 +342,15 @@ pub(crate) fn from_op(e: &chorus_engine::OpError) -> Error {
         OpErrorKind::Link(link) => {
             let (kind, evidence) = match link {
                 LinkError::Cancelled(reason) => (kind_of_cancel(reason.code), None),
-                LinkError::PeerDeparted { code, .. } => {
-                    (kind_of_close(*code), Some(Evidence::Departed { code: *code }))
-                }
+                LinkError::PeerDeparted { code, .. } => (
+                    kind_of_close(*code),
+                    Some(Evidence::Departed { code: *code }),
+                ),
                 LinkError::ConnectionLost { .. } => (
                     ErrorKind::PeerFailed,
-                    Some(Evidence::ConnectionLost { code: CloseCode::INTERNAL }),
+                    Some(Evidence::ConnectionLost {
+                        code: CloseCode::INTERNAL,
+                    }),
                 ),
                 LinkError::TagMismatch { .. } => (ErrorKind::Mismatch, None),
                 LinkError::Protocol { .. } | LinkError::Overflow { .. } => {
@@ -367,7 +370,10 @@ pub(crate) fn from_op(e: &chorus_engine::OpError) -> Error {
         OpErrorKind::Poisoned(_) => Error::new(ErrorKind::Aborted, root.kind.to_string()),
     };
     if !std::ptr::eq(root, e) {
-        out.detail = format!("communicator unusable after an earlier failure ({}): {}", root.op, out.detail);
+        out.detail = format!(
+            "communicator unusable after an earlier failure ({}): {}",
+            root.op, out.detail
+        );
     }
     out.collective = Some(root.collective);
     out.op = Some(root.op);

@@ -18,13 +18,13 @@ pub mod signal;
 pub mod unique_id;
 pub mod watch;
 
+pub use chorus_engine::{Buffer, Op, Reduction};
 pub use chorus_protocol::JobSecret;
+pub use chorus_protocol::{CommId, DType, Epoch, Rank};
 pub use comm::{Blocking, Comm, Health};
 pub use config::{Config, ConfigError, TransportChoice};
 pub use element::Element;
-pub use runtime::root::RootHost;
-pub use chorus_engine::{Buffer, Op, Reduction};
-pub use chorus_protocol::{CommId, DType, Epoch, Rank};
 pub use error::{Error, ErrorKind, Result};
 pub use launch::{Launch, LaunchError, LaunchSource, RootSpec};
+pub use runtime::root::RootHost;
 pub use unique_id::UniqueId;

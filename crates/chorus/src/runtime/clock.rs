@@ -11,7 +11,9 @@ pub(crate) struct Clock {
 
 impl Clock {
     pub(crate) fn new() -> Self {
-        Clock { origin: Instant::now() }
+        Clock {
+            origin: Instant::now(),
+        }
     }
 
     /// Now, on the control plane's scale.

@@ -39,9 +39,20 @@ const WATCHDOG_TICK: Duration = Duration::from_millis(100);
 /// Messages to a lineage's driver.
 pub(crate) enum LineageMsg {
     /// A control stream, accepted by the endpoint or opened by this driver.
-    Channel { peer: Rank, epoch: Epoch, role: Role, channel: Arc<ControlChannel> },
+    Channel {
+        peer: Rank,
+        epoch: Epoch,
+        role: Role,
+        channel: Arc<ControlChannel>,
+    },
     /// A frame read from a stream.
-    Frame { id: u64, peer: Rank, epoch: Epoch, role: Role, message: Message },
+    Frame {
+        id: u64,
+        peer: Rank,
+        epoch: Epoch,
+        role: Role,
+        message: Message,
+    },
     /// A stream ended.
     ChannelDown { id: u64, error: LinkError },
     /// An attempt to open a stream gave up.
@@ -57,14 +68,25 @@ pub(crate) enum LineageMsg {
 /// What the application asks of the driver.
 pub(crate) enum Request {
     /// Agree with the survivors on the next epoch; the reply is the agreement and its table.
-    Shrink { after: Epoch, reply: oneshot::Sender<Result<NextEpoch, Error>> },
+    Shrink {
+        after: Epoch,
+        reply: oneshot::Sender<Result<NextEpoch, Error>>,
+    },
     /// Admit `joiners` new processes (this member coordinates when it is rank 0), or wait
     /// for the agreement that admits them.
-    Grow { after: Epoch, joiners: u32, reply: oneshot::Sender<Result<NextEpoch, Error>> },
+    Grow {
+        after: Epoch,
+        joiners: u32,
+        reply: oneshot::Sender<Result<NextEpoch, Error>>,
+    },
     /// Revoke the communicator at the current epoch everywhere.
     Revoke { reply: oneshot::Sender<()> },
     /// Leave with `code`: departures sent and streams closed before the reply.
-    Depart { code: CloseCode, detail: String, reply: oneshot::Sender<()> },
+    Depart {
+        code: CloseCode,
+        detail: String,
+        reply: oneshot::Sender<()>,
+    },
     /// Attach a new epoch's data-plane state, so failures abort its operations.
     Attach(Weak<EpochHooks>),
 }
@@ -300,8 +322,19 @@ impl Driver {
 
     fn on_msg(&mut self, msg: LineageMsg) {
         match msg {
-            LineageMsg::Channel { peer, epoch, role, channel } => self.add_channel(peer, epoch, role, channel),
-            LineageMsg::Frame { id, peer, epoch, role, message } => self.on_frame(id, peer, epoch, role, message),
+            LineageMsg::Channel {
+                peer,
+                epoch,
+                role,
+                channel,
+            } => self.add_channel(peer, epoch, role, channel),
+            LineageMsg::Frame {
+                id,
+                peer,
+                epoch,
+                role,
+                message,
+            } => self.on_frame(id, peer, epoch, role, message),
             LineageMsg::ChannelDown { id, error } => self.on_channel_down(id, error),
             LineageMsg::ConnectFailed { peer, epoch } => {
                 self.connecting.remove(&(epoch, peer));
@@ -315,7 +348,11 @@ impl Driver {
             }),
             LineageMsg::DataLost { peer, epoch } => {
                 if !self.shared.departed(epoch, peer) {
-                    self.input(Input::ConnectionLost { peer, epoch, code: CloseCode::INTERNAL });
+                    self.input(Input::ConnectionLost {
+                        peer,
+                        epoch,
+                        code: CloseCode::INTERNAL,
+                    });
                 }
             }
             LineageMsg::Request(r) => self.on_request(r),
@@ -329,10 +366,19 @@ impl Driver {
                     let _ = reply.send(Ok(next.clone()));
                     return;
                 }
-                self.waiters.push(Waiter { after, grow: false, deadline: self.agree_deadline(), reply });
+                self.waiters.push(Waiter {
+                    after,
+                    grow: false,
+                    deadline: self.agree_deadline(),
+                    reply,
+                });
                 self.input(Input::Command(Command::Shrink));
             }
-            Request::Grow { after, joiners, reply } => {
+            Request::Grow {
+                after,
+                joiners,
+                reply,
+            } => {
                 if let Some(next) = self
                     .agreed
                     .as_ref()
@@ -341,7 +387,12 @@ impl Driver {
                     let _ = reply.send(Ok(next.clone()));
                     return;
                 }
-                self.waiters.push(Waiter { after, grow: true, deadline: self.agree_deadline(), reply });
+                self.waiters.push(Waiter {
+                    after,
+                    grow: true,
+                    deadline: self.agree_deadline(),
+                    reply,
+                });
                 if self.node.rank() == Rank(0) {
                     self.wanted_joiners = Some(joiners);
                     self.admitted = false;
@@ -352,11 +403,18 @@ impl Driver {
                 self.input(Input::Command(Command::Revoke));
                 let _ = reply.send(());
             }
-            Request::Depart { code, detail, reply } => {
+            Request::Depart {
+                code,
+                detail,
+                reply,
+            } => {
                 let command = if code == CloseCode::ABORTED {
                     Command::Abort
                 } else {
-                    Command::Depart { code, detail: detail.clone() }
+                    Command::Depart {
+                        code,
+                        detail: detail.clone(),
+                    }
                 };
                 self.input(Input::Command(command));
                 self.drain();
@@ -387,7 +445,12 @@ impl Driver {
         match role {
             Role::Member => {
                 let comm = self.comms.get(&epoch).copied().unwrap_or(self.node.comm());
-                self.input(Input::Frame(chorus_control::Frame { from: peer, comm, epoch, message }));
+                self.input(Input::Frame(chorus_control::Frame {
+                    from: peer,
+                    comm,
+                    epoch,
+                    message,
+                }));
             }
             Role::Launcher => {
                 if let Message::Notice(n) = message
@@ -412,7 +475,8 @@ impl Driver {
             }
             Role::Joiner => {
                 if let Message::Join(join) = message {
-                    self.joiners.retain(|(p, _)| p.incarnation != join.peer.incarnation);
+                    self.joiners
+                        .retain(|(p, _)| p.incarnation != join.peer.incarnation);
                     self.joiners.push((join.peer, id));
                     self.maybe_admit();
                 }
@@ -424,13 +488,19 @@ impl Driver {
 
     /// The grow coordinator proposes once the wanted number of joiners has arrived.
     fn maybe_admit(&mut self) {
-        let Some(wanted) = self.wanted_joiners else { return };
+        let Some(wanted) = self.wanted_joiners else {
+            return;
+        };
         if self.admitted || (self.joiners.len() as u32) < wanted {
             return;
         }
         self.admitted = true;
-        let peers: Vec<PeerInfo> =
-            self.joiners.iter().take(wanted as usize).map(|(p, _)| p.clone()).collect();
+        let peers: Vec<PeerInfo> = self
+            .joiners
+            .iter()
+            .take(wanted as usize)
+            .map(|(p, _)| p.clone())
+            .collect();
         self.input(Input::Command(Command::Admit(peers)));
     }
 
@@ -449,7 +519,10 @@ impl Driver {
             ops,
             async_error: self.shared.async_error().map(|e| e.to_string()),
             members: if with_members {
-                self.tables.get(&self.node.epoch()).cloned().unwrap_or_default()
+                self.tables
+                    .get(&self.node.epoch())
+                    .cloned()
+                    .unwrap_or_default()
             } else {
                 Vec::new()
             },
@@ -516,19 +589,35 @@ impl Driver {
                 }
             }
         }
-        self.chans.insert(id, Chan { peer, epoch, role, channel, out, reader, writer: Some(writer) });
+        self.chans.insert(
+            id,
+            Chan {
+                peer,
+                epoch,
+                role,
+                channel,
+                out,
+                reader,
+                writer: Some(writer),
+            },
+        );
         if role == Role::Member {
             self.input(Input::ConnectionOpened { peer, epoch });
         }
     }
 
     fn on_channel_down(&mut self, id: u64, error: LinkError) {
-        let Some(chan) = self.chans.remove(&id) else { return };
+        let Some(chan) = self.chans.remove(&id) else {
+            return;
+        };
         if chan.role != Role::Member {
             return;
         }
         let (peer, epoch) = (chan.peer, chan.epoch);
-        let others = self.chans.values().any(|c| c.role == Role::Member && c.peer == peer && c.epoch == epoch);
+        let others = self
+            .chans
+            .values()
+            .any(|c| c.role == Role::Member && c.peer == peer && c.epoch == epoch);
         if others {
             return;
         }
@@ -536,7 +625,11 @@ impl Driver {
             LinkError::PeerDeparted { code, .. } => Input::ConnectionClosed { peer, epoch, code },
             LinkError::Cancelled(_) => return,
             LinkError::Protocol { code, .. } => Input::ConnectionLost { peer, epoch, code },
-            _ => Input::ConnectionLost { peer, epoch, code: CloseCode::INTERNAL },
+            _ => Input::ConnectionLost {
+                peer,
+                epoch,
+                code: CloseCode::INTERNAL,
+            },
         };
         self.input(input);
     }
@@ -552,7 +645,9 @@ impl Driver {
             while let Some(intent) = self.node.poll_intent() {
                 progressed = true;
                 match intent {
-                    chorus_control::ConnectionIntent::Open { peer, epoch } => self.ensure_channel(peer, epoch),
+                    chorus_control::ConnectionIntent::Open { peer, epoch } => {
+                        self.ensure_channel(peer, epoch)
+                    }
                     chorus_control::ConnectionIntent::Close { peer, epoch, code } => {
                         self.close_peer(peer, epoch, code)
                     }
@@ -593,15 +688,22 @@ impl Driver {
     fn ensure_channel(&mut self, peer: Rank, epoch: Epoch) {
         if self.finished
             || self.connecting.contains(&(epoch, peer))
-            || self.chans.values().any(|c| c.role == Role::Member && c.peer == peer && c.epoch == epoch)
+            || self
+                .chans
+                .values()
+                .any(|c| c.role == Role::Member && c.peer == peer && c.epoch == epoch)
         {
             return;
         }
         let (Some(table), Some(comm)) = (self.tables.get(&epoch), self.comms.get(&epoch)) else {
             return;
         };
-        let Some(info) = table.get(peer.index()).cloned() else { return };
-        let Some(me) = self.my_rank(epoch) else { return };
+        let Some(info) = table.get(peer.index()).cloned() else {
+            return;
+        };
+        let Some(me) = self.my_rank(epoch) else {
+            return;
+        };
         self.connecting.insert((epoch, peer));
         let (quic, tx, comm) = (self.session.quic.clone(), self.me.clone(), *comm);
         // Give up after a deadline's worth of trying: by then the detector has decided.
@@ -611,11 +713,22 @@ impl Driver {
             let addr = socket_addr(&info.control);
             let mut pause = Duration::from_millis(5);
             loop {
-                let attempt = quic.connect(addr, Fingerprint(info.fingerprint), Role::Member, route, peer);
+                let attempt = quic.connect(
+                    addr,
+                    Fingerprint(info.fingerprint),
+                    Role::Member,
+                    route,
+                    peer,
+                );
                 match tokio::time::timeout_at(tokio_instant(give_up), attempt).await {
                     Ok(Ok(conn)) => {
                         let channel = Arc::new(conn.into_control());
-                        let _ = tx.send(LineageMsg::Channel { peer, epoch, role: Role::Member, channel });
+                        let _ = tx.send(LineageMsg::Channel {
+                            peer,
+                            epoch,
+                            role: Role::Member,
+                            channel,
+                        });
                         return;
                     }
                     Ok(Err(e)) if not_yet(&e) && Instant::now() + pause < give_up => {
@@ -639,7 +752,10 @@ impl Driver {
         }
         let table = self.tables.get(&epoch)?;
         let fp = self.session.identity.fingerprint().0;
-        table.iter().find(|p| p.fingerprint == fp && p.incarnation == self.session.incarnation).map(|p| p.rank)
+        table
+            .iter()
+            .find(|p| p.fingerprint == fp && p.incarnation == self.session.incarnation)
+            .map(|p| p.rank)
     }
 
     fn close_peer(&mut self, peer: Rank, epoch: Epoch, code: CloseCode) {
@@ -660,7 +776,10 @@ impl Driver {
     /// Closes every stream after flushing it (bounded); the handles resolve when closed.
     fn close_all(&mut self, code: CloseCode, detail: &str) -> Vec<JoinHandle<()>> {
         let budget = self.session.config.teardown_budget / 2;
-        self.chans.drain().map(|(_, c)| c.close(code, detail, budget)).collect()
+        self.chans
+            .drain()
+            .map(|(_, c)| c.close(code, detail, budget))
+            .collect()
     }
 
     fn live_epochs(&self) -> Vec<Arc<EpochHooks>> {
@@ -676,15 +795,24 @@ impl Driver {
     fn on_event(&mut self, event: Event) {
         tracing::debug!(?event, "control event");
         match event {
-            Event::PeerDead { epoch, rank, evidence, .. } => {
+            Event::PeerDead {
+                epoch,
+                rank,
+                evidence,
+                ..
+            } => {
                 let reason = AbortReason::PeerFailed { rank, evidence };
                 self.shared.record_error(
-                    Error::new(ErrorKind::PeerFailed, reason.to_string()).with_peer(rank).with_evidence(evidence),
+                    Error::new(ErrorKind::PeerFailed, reason.to_string())
+                        .with_peer(rank)
+                        .with_evidence(evidence),
                 );
                 self.abort_epoch(epoch, reason);
                 self.cancel_link(epoch, rank, CloseCode::ABORTED);
             }
-            Event::PeerDeparted { epoch, rank, code, .. } => {
+            Event::PeerDeparted {
+                epoch, rank, code, ..
+            } => {
                 if matches!(code, CloseCode::NORMAL | CloseCode::LEFT) {
                     // A graceful leave: operations already in flight finish or fail on the
                     // link itself (its departure arrives after its data, in order), so they
@@ -699,8 +827,11 @@ impl Driver {
                 }
             }
             Event::Revoked { epoch, origin } => {
-                let reason = AbortReason::Revoked { origin: Some(origin) };
-                self.shared.record_error(Error::new(ErrorKind::Revoked, reason.to_string()));
+                let reason = AbortReason::Revoked {
+                    origin: Some(origin),
+                };
+                self.shared
+                    .record_error(Error::new(ErrorKind::Revoked, reason.to_string()));
                 self.abort_epoch(epoch, reason);
             }
             Event::Evicted { epoch, cause } => {
@@ -712,11 +843,19 @@ impl Driver {
                     hooks.ctx.abort(AbortReason::Evicted);
                 }
                 for w in self.waiters.drain(..) {
-                    let _ = w.reply.send(Err(Error::new(ErrorKind::Evicted, "evicted during agreement")));
+                    let _ = w.reply.send(Err(Error::new(
+                        ErrorKind::Evicted,
+                        "evicted during agreement",
+                    )));
                 }
             }
             Event::MembershipAgreed(agreed) => self.on_agreed(agreed),
-            Event::AgreementStalled { epoch, votes, needed, .. } => {
+            Event::AgreementStalled {
+                epoch,
+                votes,
+                needed,
+                ..
+            } => {
                 tracing::warn!(%epoch, votes, needed, "agreement stalled");
             }
             Event::PeerSuspect { .. } | Event::PeerRecovered { .. } => {}
@@ -744,14 +883,23 @@ impl Driver {
             }
         };
         let epoch = agreed.epoch();
-        self.session.registry.serve(agreed.comm, epoch, agreed.rank, self.me.clone());
+        self.session
+            .registry
+            .serve(agreed.comm, epoch, agreed.rank, self.me.clone());
         self.tables.insert(epoch, table.clone());
         self.comms.insert(epoch, agreed.comm);
         // Welcome the joiners this member coordinated.
         if !agreed.joiners.is_empty() {
-            let welcome = Welcome { comm: agreed.comm, epoch, members: table.clone() };
+            let welcome = Welcome {
+                comm: agreed.comm,
+                epoch,
+                members: table.clone(),
+            };
             for (peer, id) in &self.joiners {
-                if agreed.joiners.iter().any(|j| j.incarnation == peer.incarnation)
+                if agreed
+                    .joiners
+                    .iter()
+                    .any(|j| j.incarnation == peer.incarnation)
                     && let Some(c) = self.chans.get(id)
                 {
                     c.send(Message::Welcome(welcome.clone()));
@@ -796,7 +944,9 @@ impl Driver {
     fn watchdog(&mut self) {
         let now = Instant::now();
         for hooks in self.live_epochs() {
-            hooks.recorder.abort_overdue(now, self.session.config.op_timeout);
+            hooks
+                .recorder
+                .abort_overdue(now, self.session.config.op_timeout);
         }
     }
 
@@ -813,9 +963,14 @@ impl Driver {
         if !self.session.config.same_host_evidence {
             return;
         }
-        let Some(table) = self.tables.get(&epoch) else { return };
+        let Some(table) = self.tables.get(&epoch) else {
+            return;
+        };
         let me = std::process::id();
-        for peer in table.iter().filter(|p| p.pid != me && crate::host::is_local(&self.session.host, &p.host)) {
+        for peer in table
+            .iter()
+            .filter(|p| p.pid != me && crate::host::is_local(&self.session.host, &p.host))
+        {
             let (rank, pid, tx) = (peer.rank, peer.pid, self.me.clone());
             self.watches.push(tokio::spawn(async move {
                 match ProcessWatch::open(pid) {
@@ -838,7 +993,8 @@ impl Driver {
 
 /// The control plane's configuration from the communicator's.
 pub(crate) fn control_config(config: &crate::Config) -> chorus_control::Config {
-    let mut c = chorus_control::Config::from_timing(config.heartbeat_interval, config.heartbeat_deadline);
+    let mut c =
+        chorus_control::Config::from_timing(config.heartbeat_interval, config.heartbeat_deadline);
     c.observers = config.observers;
     c.quorum = config.quorum;
     c

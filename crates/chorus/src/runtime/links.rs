@@ -68,7 +68,13 @@ async fn connect(
                     .map(|l| Arc::new(l) as DataLink),
                 None => session
                     .quic
-                    .connect(addr, Fingerprint(peer.fingerprint), Role::Data, route, peer.rank)
+                    .connect(
+                        addr,
+                        Fingerprint(peer.fingerprint),
+                        Role::Data,
+                        route,
+                        peer.rank,
+                    )
                     .await
                     .and_then(|c| c.into_link())
                     .map(|l| Arc::new(l) as DataLink),

@@ -72,36 +72,41 @@ impl Session {
     pub(crate) async fn start(config: Config, secret: JobSecret) -> Result<Arc<Session>, Error> {
         let (ready_tx, ready_rx) = oneshot::channel();
         let (exited_tx, exited_rx) = std::sync::mpsc::channel();
-        let spawned = thread::Builder::new().name("chorus-control".into()).spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(Error::new(
-                        ErrorKind::Internal,
-                        format!("cannot build the control thread's runtime: {e}"),
-                    )));
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                let (stop_tx, stop_rx) = oneshot::channel();
-                match Session::bind(config, secret, stop_tx).await {
-                    Ok((session, listener)) => {
-                        session.spawn_accept_loops(listener);
-                        let _ = ready_tx.send(Ok(session.clone()));
-                        drop(session);
-                        // Serve until the last communicator lets the session go.
-                        let _ = stop_rx.await;
-                    }
+        let spawned = thread::Builder::new()
+            .name("chorus-control".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
                     Err(e) => {
-                        let _ = ready_tx.send(Err(e));
+                        let _ = ready_tx.send(Err(Error::new(
+                            ErrorKind::Internal,
+                            format!("cannot build the control thread's runtime: {e}"),
+                        )));
+                        return;
                     }
-                }
+                };
+                rt.block_on(async move {
+                    let (stop_tx, stop_rx) = oneshot::channel();
+                    match Session::bind(config, secret, stop_tx).await {
+                        Ok((session, listener)) => {
+                            session.spawn_accept_loops(listener);
+                            let _ = ready_tx.send(Ok(session.clone()));
+                            drop(session);
+                            // Serve until the last communicator lets the session go.
+                            let _ = stop_rx.await;
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                });
+                // Dropping the runtime cancels every task still on it; their connections close.
+                drop(rt);
+                let _ = exited_tx.send(());
             });
-            // Dropping the runtime cancels every task still on it; their connections close.
-            drop(rt);
-            let _ = exited_tx.send(());
-        });
         if let Err(e) = spawned {
             return Err(Error::new(
                 ErrorKind::Internal,
@@ -109,7 +114,10 @@ impl Session {
             ));
         }
         let session = ready_rx.await.map_err(|_| {
-            Error::new(ErrorKind::Internal, "the control thread ended while starting")
+            Error::new(
+                ErrorKind::Internal,
+                "the control thread ended while starting",
+            )
         })??;
         if let Ok(mut slot) = session.exited.lock() {
             *slot = Some(exited_rx);
@@ -133,8 +141,10 @@ impl Session {
             Arc::new(move |comm, epoch, role| registry.admit(comm, epoch, role))
         };
         let tcfg = transport_config(&config);
-        let liveness =
-            Liveness { heartbeat_interval: config.heartbeat_interval, deadline: config.heartbeat_deadline };
+        let liveness = Liveness {
+            heartbeat_interval: config.heartbeat_interval,
+            deadline: config.heartbeat_deadline,
+        };
         let quic = QuicEndpoint::bind(
             SocketAddr::new(config.bind, 0),
             &identity,
@@ -144,8 +154,9 @@ impl Session {
             admission.clone(),
         )
         .map_err(|e| transport_error("cannot bind the control endpoint", e))?;
-        let control_addr =
-            quic.local_addr().map_err(|e| transport_error("control endpoint address", e))?;
+        let control_addr = quic
+            .local_addr()
+            .map_err(|e| transport_error("control endpoint address", e))?;
         let (tcp, listener, data_addr) = match config.transport {
             TransportChoice::Quic => (None, None, control_addr),
             _ => {
@@ -209,7 +220,8 @@ impl Session {
         });
         // A oneshot receiver needs no runtime to be awaited, and it fails (rather than
         // hangs) if the control thread drops the task.
-        rx.await.map_err(|_| Error::new(ErrorKind::Internal, "the control thread went away"))
+        rx.await
+            .map_err(|_| Error::new(ErrorKind::Internal, "the control thread went away"))
     }
 
     fn spawn_accept_loops(self: &Arc<Self>, listener: Option<TcpListener>) {
@@ -241,7 +253,9 @@ impl Session {
                             let Some(session) = weak.upgrade() else { break };
                             let (comm, epoch, peer) = (conn.comm(), conn.epoch(), conn.peer_rank());
                             match conn.into_link() {
-                                Ok(link) => session.registry.deliver(comm, epoch, peer, Arc::new(link)),
+                                Ok(link) => {
+                                    session.registry.deliver(comm, epoch, peer, Arc::new(link))
+                                }
                                 Err(e) => tracing::debug!(error = %e, "refused a data connection"),
                             }
                         }
@@ -272,10 +286,16 @@ impl Session {
                     return;
                 };
                 let channel = Arc::new(conn.into_control());
-                let _ = lineage.send(lineage::LineageMsg::Channel { peer, epoch, role, channel });
+                let _ = lineage.send(lineage::LineageMsg::Channel {
+                    peer,
+                    epoch,
+                    role,
+                    channel,
+                });
             }
             Role::Bootstrap => {
-                conn.into_control().close(CloseCode::UNKNOWN_COMM, "not a bootstrap root");
+                conn.into_control()
+                    .close(CloseCode::UNKNOWN_COMM, "not a bootstrap root");
             }
         }
     }
@@ -327,13 +347,19 @@ pub(crate) fn wire_addr(addr: SocketAddr) -> WireAddr {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,
     };
-    WireAddr { ip: ip.octets(), port: addr.port() }
+    WireAddr {
+        ip: ip.octets(),
+        port: addr.port(),
+    }
 }
 
 /// The socket address a peer table entry names.
 pub(crate) fn socket_addr(addr: &WireAddr) -> SocketAddr {
     let ip = std::net::Ipv6Addr::from(addr.ip);
-    let ip = ip.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(ip));
+    let ip = ip
+        .to_ipv4_mapped()
+        .map(IpAddr::V4)
+        .unwrap_or(IpAddr::V6(ip));
     SocketAddr::new(ip, addr.port)
 }
 

@@ -62,10 +62,10 @@ impl Registry {
         lineage: mpsc::UnboundedSender<LineageMsg>,
     ) {
         let mut inner = self.lock();
-        let entry = inner
-            .comms
-            .entry(comm)
-            .or_insert_with(|| CommEntry { ranks: BTreeMap::new(), lineage: lineage.clone() });
+        let entry = inner.comms.entry(comm).or_insert_with(|| CommEntry {
+            ranks: BTreeMap::new(),
+            lineage: lineage.clone(),
+        });
         entry.ranks.insert(epoch, rank);
         entry.lineage = lineage;
     }
@@ -79,8 +79,12 @@ impl Registry {
                 inner.comms.remove(&comm);
             }
         }
-        inner.parked.retain(|(c, e, _), _| !(*c == comm && *e == epoch));
-        inner.waiters.retain(|(c, e, _), _| !(*c == comm && *e == epoch));
+        inner
+            .parked
+            .retain(|(c, e, _), _| !(*c == comm && *e == epoch));
+        inner
+            .waiters
+            .retain(|(c, e, _), _| !(*c == comm && *e == epoch));
     }
 
     /// The admission decision for an incoming connection (the transport's `Admission`).
@@ -92,15 +96,24 @@ impl Registry {
     ) -> Result<Rank, (CloseCode, String)> {
         let inner = self.lock();
         let Some(entry) = inner.comms.get(&comm) else {
-            return Err((CloseCode::UNKNOWN_COMM, format!("{comm} is not served here")));
+            return Err((
+                CloseCode::UNKNOWN_COMM,
+                format!("{comm} is not served here"),
+            ));
         };
         match role {
             Role::Member | Role::Data => entry.ranks.get(&epoch).copied().ok_or_else(|| {
                 let newest = entry.ranks.keys().next_back().copied().unwrap_or_default();
                 if epoch < newest {
-                    (CloseCode::STALE_EPOCH, format!("{comm} is at {newest}, not {epoch}"))
+                    (
+                        CloseCode::STALE_EPOCH,
+                        format!("{comm} is at {newest}, not {epoch}"),
+                    )
                 } else {
-                    (CloseCode::UNKNOWN_COMM, format!("{comm} is not (yet) at {epoch}"))
+                    (
+                        CloseCode::UNKNOWN_COMM,
+                        format!("{comm} is not (yet) at {epoch}"),
+                    )
                 }
             }),
             Role::Status | Role::Launcher | Role::Joiner => entry
@@ -109,9 +122,10 @@ impl Registry {
                 .next_back()
                 .map(|(_, r)| *r)
                 .ok_or((CloseCode::UNKNOWN_COMM, format!("{comm} has no epoch"))),
-            Role::Bootstrap => {
-                Err((CloseCode::UNKNOWN_COMM, "this member is not a bootstrap root".into()))
-            }
+            Role::Bootstrap => Err((
+                CloseCode::UNKNOWN_COMM,
+                "this member is not a bootstrap root".into(),
+            )),
         }
     }
 
@@ -133,7 +147,9 @@ impl Registry {
         };
         let now = Instant::now();
         // Links parked for long were never claimed (their set-up failed); let them go.
-        inner.parked.retain(|_, (_, at)| now.duration_since(*at) < Duration::from_secs(600));
+        inner
+            .parked
+            .retain(|_, (_, at)| now.duration_since(*at) < Duration::from_secs(600));
         if inner.parked.len() >= MAX_PARKED {
             tracing::warn!(%comm, %epoch, %peer, "too many unclaimed data links; refusing one");
             return;
@@ -147,7 +163,12 @@ impl Registry {
     /// The inbound data link from `peer` for `comm` at `epoch`: at once if it is parked,
     /// otherwise when it arrives (the receiver resolves with an error if the wait is
     /// retired).
-    pub(crate) fn claim(&self, comm: CommId, epoch: Epoch, peer: Rank) -> oneshot::Receiver<DataLink> {
+    pub(crate) fn claim(
+        &self,
+        comm: CommId,
+        epoch: Epoch,
+        peer: Rank,
+    ) -> oneshot::Receiver<DataLink> {
         let (tx, rx) = oneshot::channel();
         let mut inner = self.lock();
         let key = (comm, epoch, peer);

@@ -40,7 +40,10 @@ pub struct RootHost {
 
 impl std::fmt::Debug for RootHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RootHost").field("id", &self.id).field("world", &self.world).finish()
+        f.debug_struct("RootHost")
+            .field("id", &self.id)
+            .field("world", &self.world)
+            .finish()
     }
 }
 
@@ -66,52 +69,78 @@ impl RootHost {
         pinned: bool,
     ) -> Result<RootHost, Error> {
         if world == 0 {
-            return Err(Error::new(ErrorKind::InvalidArgument, "a world has at least one rank"));
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "a world has at least one rank",
+            ));
         }
         let (ready_tx, ready_rx) = oneshot::channel();
         let (exited_tx, exited_rx) = std::sync::mpsc::channel();
         let config = config.clone();
         let members = Arc::new(Mutex::new(None));
         let shared = members.clone();
-        let spawned = thread::Builder::new().name("chorus-root".into()).spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(Error::new(ErrorKind::Internal, e.to_string())));
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                let bound = bind(addr, &config, secret.clone(), comm);
-                let (quic, identity) = match bound {
-                    Ok(b) => b,
+        let spawned = thread::Builder::new()
+            .name("chorus-root".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
                     Err(e) => {
-                        let _ = ready_tx.send(Err(e));
+                        let _ = ready_tx.send(Err(Error::new(ErrorKind::Internal, e.to_string())));
                         return;
                     }
                 };
-                let local = match quic.local_addr() {
-                    Ok(a) => a,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(Error::new(ErrorKind::Transport, e.to_string())));
-                        return;
-                    }
-                };
-                let fingerprint = if pinned { identity.fingerprint().0 } else { Fingerprint::ANY.0 };
-                let id = UniqueId { comm, root: local, fingerprint, secret };
-                let (stop_tx, stop_rx) = oneshot::channel();
-                let _ = ready_tx.send(Ok((id, quic.clone(), tokio::runtime::Handle::current(), stop_tx)));
-                serve(quic, comm, world, config, shared, stop_rx).await;
+                rt.block_on(async move {
+                    let bound = bind(addr, &config, secret.clone(), comm);
+                    let (quic, identity) = match bound {
+                        Ok(b) => b,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let local = match quic.local_addr() {
+                        Ok(a) => a,
+                        Err(e) => {
+                            let _ =
+                                ready_tx.send(Err(Error::new(ErrorKind::Transport, e.to_string())));
+                            return;
+                        }
+                    };
+                    let fingerprint = if pinned {
+                        identity.fingerprint().0
+                    } else {
+                        Fingerprint::ANY.0
+                    };
+                    let id = UniqueId {
+                        comm,
+                        root: local,
+                        fingerprint,
+                        secret,
+                    };
+                    let (stop_tx, stop_rx) = oneshot::channel();
+                    let _ = ready_tx.send(Ok((
+                        id,
+                        quic.clone(),
+                        tokio::runtime::Handle::current(),
+                        stop_tx,
+                    )));
+                    serve(quic, comm, world, config, shared, stop_rx).await;
+                });
+                drop(rt);
+                let _ = exited_tx.send(());
             });
-            drop(rt);
-            let _ = exited_tx.send(());
-        });
         if let Err(e) = spawned {
-            return Err(Error::new(ErrorKind::Internal, format!("cannot start the root: {e}")));
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("cannot start the root: {e}"),
+            ));
         }
-        let (id, quic, handle, stop) = ready_rx
-            .await
-            .map_err(|_| Error::new(ErrorKind::Internal, "the root thread ended while starting"))??;
+        let (id, quic, handle, stop) = ready_rx.await.map_err(|_| {
+            Error::new(ErrorKind::Internal, "the root thread ended while starting")
+        })??;
         Ok(RootHost {
             id,
             world,
@@ -144,7 +173,9 @@ impl RootHost {
     /// evidence to up to three of its neighbours, which spread it. Best effort and bounded;
     /// it returns at once. Valid for the first epoch's numbering.
     pub fn witness_exit(&self, rank: Rank, status: i32) {
-        let Some(members) = self.members() else { return };
+        let Some(members) = self.members() else {
+            return;
+        };
         let n = members.len();
         if rank.index() >= n || n < 2 {
             return;
@@ -212,18 +243,24 @@ fn bind(
     secret: JobSecret,
     comm: CommId,
 ) -> Result<(QuicEndpoint, Identity), Error> {
-    let transport = |what: &str, e: TransportError| Error::new(ErrorKind::Transport, format!("{what}: {e}"));
+    let transport =
+        |what: &str, e: TransportError| Error::new(ErrorKind::Transport, format!("{what}: {e}"));
     let identity = Identity::generate().map_err(|e| transport("root certificate", e))?;
     // Only bootstrap streams of this communicator at epoch 0 are admitted.
     let admission: Admission = Arc::new(move |c, epoch, role| {
         if c == comm && epoch == Epoch(0) && role == Role::Bootstrap {
             Ok(Rank::NONE)
         } else {
-            Err((CloseCode::UNKNOWN_COMM, format!("this root bootstraps {comm} only")))
+            Err((
+                CloseCode::UNKNOWN_COMM,
+                format!("this root bootstraps {comm} only"),
+            ))
         }
     });
-    let liveness =
-        Liveness { heartbeat_interval: config.heartbeat_interval, deadline: config.heartbeat_deadline };
+    let liveness = Liveness {
+        heartbeat_interval: config.heartbeat_interval,
+        deadline: config.heartbeat_deadline,
+    };
     let quic = QuicEndpoint::bind(
         addr,
         &identity,
