@@ -911,7 +911,6 @@ async fn build_epoch(
     .map_err(|e| Error::new(ErrorKind::Internal, format!("engine: {e}")))?
     .with_observer(recorder.clone());
     let hooks = Arc::new(EpochHooks {
-        comm,
         epoch,
         ctx,
         links,

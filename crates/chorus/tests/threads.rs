@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used)]
+
 //! Ranks as threads of one process: init, collectives, destroy, through the real runtime
 //! (QUIC control plane, TCP data links on loopback).
 

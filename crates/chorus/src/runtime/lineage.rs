@@ -101,7 +101,6 @@ pub(crate) struct NextEpoch {
 /// What the driver needs of an epoch's data plane: the context to abort and the links to
 /// cancel when the control plane declares someone gone.
 pub(crate) struct EpochHooks {
-    pub(crate) comm: CommId,
     pub(crate) epoch: Epoch,
     /// Aborted by failures at this epoch; parent of the engine's context.
     pub(crate) ctx: chorus_engine::Context,
