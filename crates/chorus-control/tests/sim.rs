@@ -18,7 +18,7 @@ fn per_batch() -> u64 {
     {
         return n;
     }
-    if cfg!(debug_assertions) { 100 } else { 250 }
+    if cfg!(debug_assertions) { 125 } else { 250 }
 }
 
 fn assert_passed(scenario: Scenario, report: &Report) {
