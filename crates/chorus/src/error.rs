@@ -262,52 +262,6 @@ pub fn kind_of_close(code: CloseCode) -> ErrorKind {
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_message_starts_with_its_token() {
-        for kind in ErrorKind::ALL {
-            let e = Error::new(kind, "something happened");
-            let text = e.to_string();
-            assert!(text.starts_with(kind.token()), "{text}");
-            assert_eq!(ErrorKind::from_text(&text), Some(kind));
-        }
-        let tokens: std::collections::HashSet<_> =
-            ErrorKind::ALL.iter().map(|k| k.token()).collect();
-        assert_eq!(tokens.len(), ErrorKind::ALL.len(), "tokens are distinct");
-    }
-
-    #[test]
-    fn peer_failure_names_everything() {
-        let mut e = Error::new(ErrorKind::PeerFailed, "peer failed during the operation")
-            .at(CommId(1), Epoch(2), Rank(0))
-            .with_peer(Rank(2))
-            .with_evidence(Evidence::ProcessExited { status: -9 });
-        e.collective = Some(Collective::AllReduce);
-        e.op = Some(OpSeq(7));
-        e.step = Some(3);
-        e.partial_output = true;
-        e.waiting_on = Some(Rank(2));
-        assert_eq!(
-            e.to_string(),
-            "[chorus:peer-failed] all-reduce op7 step 3 on r0@e2: peer failed during the \
-             operation (peer r2, process exited (signal 9)); output buffer holds partial data"
-        );
-        assert!(e.is_recoverable_by_shrink());
-    }
-
-    #[test]
-    fn close_codes_map_to_kinds() {
-        assert_eq!(kind_of_close(CloseCode::NORMAL), ErrorKind::PeerDeparted);
-        assert_eq!(kind_of_close(CloseCode::ABORTED), ErrorKind::PeerDeparted);
-        assert_eq!(kind_of_close(CloseCode::REVOKED), ErrorKind::Revoked);
-        assert_eq!(kind_of_close(CloseCode::AUTH_FAILED), ErrorKind::Protocol);
-        assert_eq!(kind_of_close(CloseCode(0x7777)), ErrorKind::PeerFailed);
-    }
-}
-
 /// The public error for an engine operation's failure: the kind from its root cause (an
 /// abort reason, a link failure, bad arguments), and every structured field the engine kept.
 pub(crate) fn from_op(e: &chorus_engine::OpError) -> Error {
@@ -392,5 +346,51 @@ fn kind_of_cancel(code: CloseCode) -> ErrorKind {
         CloseCode::EVICTED => ErrorKind::Evicted,
         CloseCode::NORMAL | CloseCode::LEFT => ErrorKind::Destroyed,
         _ => ErrorKind::Aborted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_starts_with_its_token() {
+        for kind in ErrorKind::ALL {
+            let e = Error::new(kind, "something happened");
+            let text = e.to_string();
+            assert!(text.starts_with(kind.token()), "{text}");
+            assert_eq!(ErrorKind::from_text(&text), Some(kind));
+        }
+        let tokens: std::collections::HashSet<_> =
+            ErrorKind::ALL.iter().map(|k| k.token()).collect();
+        assert_eq!(tokens.len(), ErrorKind::ALL.len(), "tokens are distinct");
+    }
+
+    #[test]
+    fn peer_failure_names_everything() {
+        let mut e = Error::new(ErrorKind::PeerFailed, "peer failed during the operation")
+            .at(CommId(1), Epoch(2), Rank(0))
+            .with_peer(Rank(2))
+            .with_evidence(Evidence::ProcessExited { status: -9 });
+        e.collective = Some(Collective::AllReduce);
+        e.op = Some(OpSeq(7));
+        e.step = Some(3);
+        e.partial_output = true;
+        e.waiting_on = Some(Rank(2));
+        assert_eq!(
+            e.to_string(),
+            "[chorus:peer-failed] all-reduce op7 step 3 on r0@e2: peer failed during the \
+             operation (peer r2, process exited (signal 9)); output buffer holds partial data"
+        );
+        assert!(e.is_recoverable_by_shrink());
+    }
+
+    #[test]
+    fn close_codes_map_to_kinds() {
+        assert_eq!(kind_of_close(CloseCode::NORMAL), ErrorKind::PeerDeparted);
+        assert_eq!(kind_of_close(CloseCode::ABORTED), ErrorKind::PeerDeparted);
+        assert_eq!(kind_of_close(CloseCode::REVOKED), ErrorKind::Revoked);
+        assert_eq!(kind_of_close(CloseCode::AUTH_FAILED), ErrorKind::Protocol);
+        assert_eq!(kind_of_close(CloseCode(0x7777)), ErrorKind::PeerFailed);
     }
 }
