@@ -19,7 +19,6 @@ use crate::gpu::Gpu;
 use crate::mapped::MappedHost;
 use crate::memory::{GpuBuffer, GpuMem};
 use crate::payload::GpuPayload;
-use crate::reference::int_divisor;
 use crate::sync;
 
 /// A rank's GPU device.
@@ -367,14 +366,24 @@ impl Device for CudaDevice {
     ) -> Result<(), DeviceError> {
         let n = elements(&[off], len, dtype)?;
         let m = mem.at(off, len)?;
-        let divisor = if dtype.is_float() {
-            0
-        } else {
-            int_divisor(factor).unwrap_or(0)
-        };
         Ok(self
             .kernels()
-            .scale(&self.inner.stream, dtype, m, n, factor, divisor)?)
+            .scale(&self.inner.stream, dtype, m, n, factor)?)
+    }
+
+    fn divide(
+        &self,
+        mem: &mut GpuMem,
+        off: usize,
+        len: usize,
+        dtype: DType,
+        divisor: u32,
+    ) -> Result<(), DeviceError> {
+        let n = elements(&[off], len, dtype)?;
+        let m = mem.at(off, len)?;
+        Ok(self
+            .kernels()
+            .divide(&self.inner.stream, dtype, m, n, divisor)?)
     }
 
     fn pack(&self, src: &GpuMem, off: usize, len: usize) -> Result<GpuPayload, DeviceError> {

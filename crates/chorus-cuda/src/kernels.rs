@@ -9,6 +9,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::compile::Image;
 use crate::error::CudaError;
+use crate::reference::int_multiplier;
 use crate::source;
 
 /// Threads per block for the elementwise kernels.
@@ -20,6 +21,7 @@ pub(crate) const BLOCKS_PER_SM: u32 = 16;
 pub(crate) struct Kernels {
     reduce: Vec<CudaFunction>,
     scale: Vec<CudaFunction>,
+    divide: Vec<CudaFunction>,
     copy: CudaFunction,
     wait: CudaFunction,
     signal: CudaFunction,
@@ -42,6 +44,7 @@ impl Kernels {
         };
         let mut reduce = Vec::with_capacity(DType::ALL.len() * source::KERNEL_OPS.len());
         let mut scale = Vec::with_capacity(DType::ALL.len());
+        let mut divide = Vec::with_capacity(DType::ALL.len());
         for dtype in DType::ALL {
             for op in source::KERNEL_OPS {
                 // KERNEL_OPS are exactly the operators with kernels.
@@ -49,10 +52,12 @@ impl Kernels {
                 reduce.push(get(&name)?);
             }
             scale.push(get(&source::scale_kernel(dtype))?);
+            divide.push(get(&source::divide_kernel(dtype))?);
         }
         Ok(Kernels {
             reduce,
             scale,
+            divide,
             copy: get(source::COPY)?,
             wait: get(source::WAIT)?,
             signal: get(source::SIGNAL)?,
@@ -88,7 +93,8 @@ impl Kernels {
         )
     }
 
-    /// `mem[i] = mem[i] * factor` (integers: `/ divisor` when it is not zero) for `n` elements.
+    /// `mem[i] = mem[i] * factor` for `n` elements (integers: a wrapping multiply when the
+    /// factor is integral and below 2^63, as on the host).
     pub(crate) fn scale(
         &self,
         stream: &CudaStream,
@@ -96,19 +102,52 @@ impl Kernels {
         mem: u64,
         n: u64,
         factor: f64,
-        divisor: u64,
     ) -> Result<(), CudaError> {
         if n == 0 {
             return Ok(());
         }
         let f = &self.scale[dtype.code() as usize];
-        let (mut m, mut n_, mut fa, mut dv) = (mem, n, factor, divisor);
+        let (mut multiplier, mut exact) = match int_multiplier(factor) {
+            // The kernel truncates the i64's bits to the element's width, as the host does.
+            Some(m) => (m as u64, 1u64),
+            None => (0, 0),
+        };
+        let (mut m, mut n_, mut fa) = (mem, n, factor);
         launch(
             stream,
             f,
             self.grid(n),
             BLOCK,
-            &mut [arg(&mut m), arg(&mut n_), arg(&mut fa), arg(&mut dv)],
+            &mut [
+                arg(&mut m),
+                arg(&mut n_),
+                arg(&mut fa),
+                arg(&mut multiplier),
+                arg(&mut exact),
+            ],
+        )
+    }
+
+    /// `mem[i] = mem[i] / divisor` for `n` elements (a divisor of 0 counts as 1).
+    pub(crate) fn divide(
+        &self,
+        stream: &CudaStream,
+        dtype: DType,
+        mem: u64,
+        n: u64,
+        divisor: u32,
+    ) -> Result<(), CudaError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let f = &self.divide[dtype.code() as usize];
+        let (mut m, mut n_, mut d) = (mem, n, u64::from(divisor.max(1)));
+        launch(
+            stream,
+            f,
+            self.grid(n),
+            BLOCK,
+            &mut [arg(&mut m), arg(&mut n_), arg(&mut d)],
         )
     }
 

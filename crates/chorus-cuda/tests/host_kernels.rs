@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use chorus_cuda::reference;
-use chorus_cuda::source::{reduce_kernel, scale_kernel};
+use chorus_cuda::source::{divide_kernel, reduce_kernel, scale_kernel};
 use chorus_protocol::{DType, ReduceOp};
 use half::{bf16, f16};
 
@@ -293,16 +293,20 @@ fn every_scale_matches_the_reference() {
     }
     let mut rng = Lcg(5);
     for dtype in DType::ALL {
-        for factor in [0.25, 1.0 / 3.0, 1.0, 1.5, -2.0, 1e30] {
+        for factor in [0.25, 1.0 / 3.0, 1.0, 1.5, -2.0, 3.0, 1e30, 1e19, f64::NAN] {
             let n = 301;
-            let mem = data(dtype, n, &mut rng);
+            let mut mem = data(dtype, n, &mut rng);
+            if !dtype.is_float() {
+                // Whole-range integers, so exact multiplies wrap and fractional ones saturate.
+                mem = (0..n * dtype.size()).map(|_| rng.next() as u8).collect();
+            }
             let name = scale_kernel(dtype);
             let (i, o) = (scratch(&format!("{name}.i")), scratch(&format!("{name}.o")));
             std::fs::write(&i, &mem).unwrap();
-            let divisor = if dtype.is_float() {
-                0
-            } else {
-                reference::int_divisor(factor).unwrap_or(0)
+            // As the device launches it (kernels.rs).
+            let (multiplier, exact) = match reference::int_multiplier(factor) {
+                Some(m) => (m as u64, 1),
+                None => (0, 0),
             };
             run(&[
                 "scale",
@@ -310,7 +314,8 @@ fn every_scale_matches_the_reference() {
                 &dtype.size().to_string(),
                 &n.to_string(),
                 &format!("{factor:e}"),
-                &divisor.to_string(),
+                &multiplier.to_string(),
+                &exact.to_string(),
                 i.to_str().unwrap(),
                 o.to_str().unwrap(),
             ]);
@@ -318,6 +323,40 @@ fn every_scale_matches_the_reference() {
             let mut want = mem.clone();
             reference::scale(dtype, &mut want, factor);
             assert_eq!(got, want, "{name} by {factor}");
+        }
+    }
+}
+
+#[test]
+fn every_divide_matches_the_reference() {
+    if harness().is_none() {
+        return;
+    }
+    let mut rng = Lcg(13);
+    for dtype in DType::ALL {
+        for divisor in [1u32, 2, 3, 4, 7, 8, 1000, u32::MAX] {
+            let n = 301;
+            let mem: Vec<u8> = if dtype.is_float() {
+                data(dtype, n, &mut rng)
+            } else {
+                (0..n * dtype.size()).map(|_| rng.next() as u8).collect()
+            };
+            let name = divide_kernel(dtype);
+            let (i, o) = (scratch(&format!("{name}.i")), scratch(&format!("{name}.o")));
+            std::fs::write(&i, &mem).unwrap();
+            run(&[
+                "divide",
+                &name,
+                &dtype.size().to_string(),
+                &n.to_string(),
+                &divisor.to_string(),
+                i.to_str().unwrap(),
+                o.to_str().unwrap(),
+            ]);
+            let got = std::fs::read(&o).unwrap();
+            let mut want = mem.clone();
+            reference::divide(dtype, &mut want, divisor);
+            assert_eq!(got, want, "{name} by {divisor}");
         }
     }
 }
