@@ -4,7 +4,14 @@
 //   host_harness scale  <kernel> <elem_size> <n> <factor> <multiplier> <exact> <in> <out>
 //   host_harness divide <kernel> <elem_size> <n> <divisor> <in> <out>
 //   host_harness copy   <bytes> <dst_off> <src_off> <src_in> <dst_out>
+//   host_harness put    <bytes> <skip> <src_in> <dst_out>
 //   host_harness conv   <name> <in> <out>
+//   host_harness wait   <flag> <target> <abort> <retired> <retired_dev> <generation>
+//   host_harness gate   <skip> <taint> <taint_gen>
+//   host_harness signal <flag> <value> <skip, or "null">
+//
+// wait, gate and signal print the words they may write, space-separated, on stdout. wait
+// refuses (exit 3) to run when it would spin: a CPU "thread" cannot be released by a peer.
 //
 // Files are raw little-endian arrays. `offset` shifts both buffers by that many elements
 // from a 16-byte boundary, so the vector path, the scalar tail and the unaligned path all
@@ -147,6 +154,47 @@ int main(int argc, char** argv) {
         Placed dst(zeros, dst_off);
         launch([&] { chorus_copy(dst.ptr, src.ptr, bytes); });
         spit(argv[6], dst.ptr, bytes);
+        return 0;
+    }
+    if (mode == "put" && argc == 6) {
+        u64 bytes = std::strtoull(argv[2], nullptr, 10);
+        u64 skip = std::strtoull(argv[3], nullptr, 10);
+        std::vector<unsigned char> zeros(bytes, 0);
+        Placed src(slurp(argv[4]), 0);
+        Placed dst(zeros, 0);
+        launch([&] { chorus_put(dst.ptr, src.ptr, bytes, &skip); });
+        spit(argv[5], dst.ptr, bytes);
+        return 0;
+    }
+    if (mode == "wait" && argc == 8) {
+        u64 flag = std::strtoull(argv[2], nullptr, 10);
+        u64 target = std::strtoull(argv[3], nullptr, 10);
+        u32 abort_word = (u32)std::strtoul(argv[4], nullptr, 10);
+        u64 retired = std::strtoull(argv[5], nullptr, 10);
+        u64 retired_dev = std::strtoull(argv[6], nullptr, 10);
+        u64 generation = std::strtoull(argv[7], nullptr, 10);
+        if (flag < target && abort_word == 0u) {
+            return 3;
+        }
+        launch([&] { chorus_wait(&flag, target, &abort_word, &retired, generation, &retired_dev); });
+        std::printf("%llu %llu\n", retired, retired_dev);
+        return 0;
+    }
+    if (mode == "gate" && argc == 5) {
+        u64 skip = std::strtoull(argv[2], nullptr, 10);
+        u64 taint = std::strtoull(argv[3], nullptr, 10);
+        u64 taint_gen = std::strtoull(argv[4], nullptr, 10);
+        launch([&] { chorus_gate(&skip, &taint, taint_gen); });
+        std::printf("%llu\n", skip);
+        return 0;
+    }
+    if (mode == "signal" && argc == 5) {
+        u64 flag = std::strtoull(argv[2], nullptr, 10);
+        u64 value = std::strtoull(argv[3], nullptr, 10);
+        bool null_skip = std::string(argv[4]) == "null";
+        u64 skip = null_skip ? 0ull : std::strtoull(argv[4], nullptr, 10);
+        launch([&] { chorus_signal(&flag, value, null_skip ? nullptr : &skip); });
+        std::printf("%llu\n", flag);
         return 0;
     }
     if (mode == "conv" && argc == 5) {

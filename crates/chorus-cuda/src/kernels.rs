@@ -23,8 +23,10 @@ pub(crate) struct Kernels {
     scale: Vec<CudaFunction>,
     divide: Vec<CudaFunction>,
     copy: CudaFunction,
+    put: CudaFunction,
     wait: CudaFunction,
     signal: CudaFunction,
+    gate: CudaFunction,
     max_blocks: u32,
 }
 
@@ -59,8 +61,10 @@ impl Kernels {
             scale,
             divide,
             copy: get(source::COPY)?,
+            put: get(source::PUT)?,
             wait: get(source::WAIT)?,
             signal: get(source::SIGNAL)?,
+            gate: get(source::GATE)?,
             max_blocks: sm_count.saturating_mul(BLOCKS_PER_SM).max(1),
         })
     }
@@ -172,8 +176,32 @@ impl Kernels {
         )
     }
 
+    /// Copy `bytes` into a link's slot unless the send stream's `skip` word is set.
+    pub(crate) fn put(
+        &self,
+        stream: &CudaStream,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        skip: u64,
+    ) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (mut d, mut s, mut b, mut k) = (dst, src, bytes, skip);
+        launch(
+            stream,
+            &self.put,
+            self.grid(bytes.div_ceil(16)),
+            BLOCK,
+            &mut [arg(&mut d), arg(&mut s), arg(&mut b), arg(&mut k)],
+        )
+    }
+
     /// Hold `stream` until `*flag >= target` or the abort word is set (then record
-    /// `generation` in `retired`).
+    /// `generation` as the first retired one in `retired`, host memory, and `retired_dev`,
+    /// device memory).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait(
         &self,
         stream: &CudaStream,
@@ -182,8 +210,10 @@ impl Kernels {
         abort: u64,
         retired: u64,
         generation: u64,
+        retired_dev: u64,
     ) -> Result<(), CudaError> {
-        let (mut f, mut t, mut a, mut r, mut g) = (flag, target, abort, retired, generation);
+        let (mut f, mut t, mut a, mut r, mut g, mut d) =
+            (flag, target, abort, retired, generation, retired_dev);
         launch(
             stream,
             &self.wait,
@@ -195,19 +225,46 @@ impl Kernels {
                 arg(&mut a),
                 arg(&mut r),
                 arg(&mut g),
+                arg(&mut d),
             ],
         )
     }
 
-    /// Set `*flag = value` after everything queued before it on `stream`.
+    /// Set `*flag = value` after everything queued before it on `stream`, unless `skip` (0:
+    /// never) is set.
     pub(crate) fn signal(
         &self,
         stream: &CudaStream,
         flag: u64,
         value: u64,
+        skip: u64,
     ) -> Result<(), CudaError> {
-        let (mut f, mut v) = (flag, value);
-        launch(stream, &self.signal, 1, 1, &mut [arg(&mut f), arg(&mut v)])
+        let (mut f, mut v, mut k) = (flag, value, skip);
+        launch(
+            stream,
+            &self.signal,
+            1,
+            1,
+            &mut [arg(&mut f), arg(&mut v), arg(&mut k)],
+        )
+    }
+
+    /// Set `*skip` if `*taint` (a link's first retired receive) is at or before `taint_gen`.
+    pub(crate) fn gate(
+        &self,
+        stream: &CudaStream,
+        skip: u64,
+        taint: u64,
+        taint_gen: u64,
+    ) -> Result<(), CudaError> {
+        let (mut s, mut t, mut g) = (skip, taint, taint_gen);
+        launch(
+            stream,
+            &self.gate,
+            1,
+            1,
+            &mut [arg(&mut s), arg(&mut t), arg(&mut g)],
+        )
     }
 
     fn grid(&self, units: u64) -> u32 {

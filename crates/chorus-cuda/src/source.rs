@@ -28,6 +28,10 @@ pub const COPY: &str = "chorus_copy";
 pub const WAIT: &str = "chorus_wait";
 /// The kernel that raises a peer-visible counter.
 pub const SIGNAL: &str = "chorus_signal";
+/// The copy into a link's slot, skipped once the link's send stream has retired a wait.
+pub const PUT: &str = "chorus_put";
+/// The kernel that stops a link's sends before forwarding a payload that arrived partial.
+pub const GATE: &str = "chorus_gate";
 
 /// The translation unit NVRTC compiles.
 pub fn unit() -> String {
@@ -100,7 +104,7 @@ pub fn all_kernels() -> Vec<String> {
         names.push(scale_kernel(dtype));
         names.push(divide_kernel(dtype));
     }
-    names.extend([COPY.to_string(), WAIT.to_string(), SIGNAL.to_string()]);
+    names.extend([COPY, WAIT, SIGNAL, PUT, GATE].map(String::from));
     names
 }
 
@@ -127,7 +131,7 @@ mod tests {
             };
             assert!(found, "{name} is not defined in kernels/");
         }
-        assert_eq!(all_kernels().len(), 12 * 6 + 3);
+        assert_eq!(all_kernels().len(), 12 * 6 + 5);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The kernel sources of `kernels/`, compiled as plain C++ and run on the CPU, against the
 //! host reference (`chorus_cuda::reference`) — bit for bit. This is how the arithmetic of the
-//! kernels (conversions, every reduction and scale, the copy's vector and tail paths) is
-//! checked on machines without a GPU; `kernels/check.sh` checks the same on the device.
+//! kernels (conversions, every reduction, scale and divide, the copy's vector and tail paths)
+//! and the device links' abort records and guards (what a retired wait writes, which puts,
+//! signals and forwards it stops) are checked on machines without a GPU; `kernels/check.sh`
+//! checks the same on the device.
 
 #![allow(clippy::unwrap_used)]
 
@@ -60,13 +62,24 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn run(args: &[&str]) {
-    let Some(h) = harness() else { return };
+    words(args);
+}
+
+/// Run the harness; the numbers it prints.
+fn words(args: &[&str]) -> Vec<u64> {
+    let Some(h) = harness() else {
+        return Vec::new();
+    };
     let out = Command::new(h).args(args).output().expect("run harness");
     assert!(
         out.status.success(),
         "harness {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|w| w.parse().unwrap())
+        .collect()
 }
 
 /// A deterministic generator (the tests must fail the same way twice).
@@ -391,4 +404,83 @@ fn copies_are_exact_for_every_alignment_and_tail() {
             "copy of {bytes} at {dst_off}/{src_off}"
         );
     }
+}
+
+#[test]
+fn a_wait_lets_data_that_arrived_win_and_records_only_the_first_retirement() {
+    if harness().is_none() {
+        return;
+    }
+    // (flag, target, abort, retired, retired_dev, generation) -> (retired, retired_dev)
+    let wait = |f: u64, t: u64, a: u64, r: u64, d: u64, g: u64| {
+        words(&[
+            "wait",
+            &f.to_string(),
+            &t.to_string(),
+            &a.to_string(),
+            &r.to_string(),
+            &d.to_string(),
+            &g.to_string(),
+        ])
+    };
+    assert_eq!(wait(5, 5, 0, 0, 0, 5), [0, 0], "the data is there");
+    assert_eq!(
+        wait(9, 5, 1, 0, 0, 5),
+        [0, 0],
+        "there before the abort: data"
+    );
+    assert_eq!(wait(4, 5, 1, 0, 0, 5), [5, 5], "retired: recorded");
+    assert_eq!(wait(4, 8, 1, 5, 5, 8), [5, 5], "only the first is kept");
+}
+
+#[test]
+fn a_retired_send_stops_its_puts_and_signals() {
+    if harness().is_none() {
+        return;
+    }
+    let src: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8 | 1).collect();
+    let (i, o) = (scratch("put.i"), scratch("put.o"));
+    std::fs::write(&i, &src).unwrap();
+    let put = |skip: u64| {
+        run(&[
+            "put",
+            "1000",
+            &skip.to_string(),
+            i.to_str().unwrap(),
+            o.to_str().unwrap(),
+        ]);
+        std::fs::read(&o).unwrap()
+    };
+    assert_eq!(put(0), src, "not skipped: copied");
+    assert_eq!(put(3), vec![0u8; 1000], "skipped: the slot is left alone");
+    assert_eq!(words(&["signal", "4", "5", "null"]), [5]);
+    assert_eq!(words(&["signal", "4", "5", "0"]), [5]);
+    assert_eq!(words(&["signal", "4", "5", "3"]), [4], "skipped");
+}
+
+#[test]
+fn a_gate_stops_forwarding_only_payloads_an_abort_reached() {
+    if harness().is_none() {
+        return;
+    }
+    let gate = |skip: u64, taint: u64, last: u64| {
+        words(&[
+            "gate",
+            &skip.to_string(),
+            &taint.to_string(),
+            &last.to_string(),
+        ])
+    };
+    assert_eq!(gate(0, 0, 9), [0], "nothing retired on the way in");
+    assert_eq!(
+        gate(0, 5, 4),
+        [0],
+        "the payload arrived before the retirement"
+    );
+    assert_eq!(gate(0, 5, 5), [5], "spoiled: the link stops sending");
+    assert_eq!(
+        gate(2, 5, 9),
+        [2],
+        "already stopped: the first record stays"
+    );
 }
