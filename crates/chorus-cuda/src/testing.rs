@@ -25,11 +25,20 @@ use crate::local::connect_all;
 pub type GpuEngine = Engine<CudaDevice, DeviceLink>;
 
 /// The GPU to test on, or `None` after printing (once per process) one line saying which
-/// tests were skipped and why.
+/// tests were skipped and why. With `CHORUS_REQUIRE_GPU=1` in the environment (the device
+/// check sets it) a missing GPU fails the test instead: there, a skip would hide a broken
+/// setup behind passing tests.
 pub fn gpu_or_skip(what: &str) -> Option<Arc<Gpu>> {
     static SAID: AtomicBool = AtomicBool::new(false);
     match Gpu::open(0) {
         Ok(gpu) => Some(gpu),
+        Err(e) if std::env::var("CHORUS_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            // Test support only: failing the test is the point.
+            #[allow(clippy::panic)]
+            {
+                panic!("{what} need a GPU (CHORUS_REQUIRE_GPU=1): {e}")
+            }
+        }
         Err(e) => {
             if !SAID.swap(true, Ordering::SeqCst) {
                 // Straight to the stream: the test harness captures `eprintln!` of passing
@@ -114,13 +123,14 @@ impl World {
         }
     }
 
-    /// Run `f` on every rank, one thread each. If a rank panics, or they have not all
-    /// finished within `limit`, every engine is aborted and every link cancelled (so the
-    /// other ranks end too, and nothing hangs), and the result says which and why.
+    /// Run `f` on every rank, one thread each. If a rank fails (`Err`) or panics, or they
+    /// have not all finished within `limit`, every engine is aborted and every link
+    /// cancelled at once (so the other ranks end too, and nothing hangs), and the result
+    /// names every rank's failure.
     pub fn run<R: Send>(
         &self,
         limit: Duration,
-        f: impl Fn(&GpuEngine) -> R + Send + Sync,
+        f: impl Fn(&GpuEngine) -> Result<R, String> + Send + Sync,
     ) -> Result<Vec<R>, String> {
         let (tx, rx) = mpsc::channel::<bool>();
         let stop = |why: &str| {
@@ -137,7 +147,14 @@ impl World {
                     let tx = tx.clone();
                     let f = &f;
                     s.spawn(move || {
-                        let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(e)));
+                        let r = match std::panic::catch_unwind(AssertUnwindSafe(|| f(e))) {
+                            Ok(r) => r,
+                            Err(p) => Err(p
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "panicked".into())),
+                        };
                         let _ = tx.send(r.is_ok());
                         r
                     })
@@ -147,7 +164,7 @@ impl World {
             for _ in 0..self.engines.len() {
                 match rx.recv_timeout(limit) {
                     Ok(true) => {}
-                    Ok(false) => stop("a rank of the test panicked"),
+                    Ok(false) => stop("a rank of the test failed"),
                     Err(_) => {
                         stop("test watchdog");
                         timed_out = true;
@@ -160,14 +177,8 @@ impl World {
             for (r, h) in handles.into_iter().enumerate() {
                 match h.join() {
                     Ok(Ok(v)) => out.push(v),
-                    Ok(Err(p)) | Err(p) => {
-                        let what = p
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_default();
-                        failures.push(format!("rank {r}: {what}"));
-                    }
+                    Ok(Err(what)) => failures.push(format!("rank {r}: {what}")),
+                    Err(_) => failures.push(format!("rank {r}: panicked")),
                 }
             }
             if timed_out {

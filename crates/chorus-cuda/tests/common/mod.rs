@@ -14,6 +14,8 @@
     clippy::collapsible_match
 )]
 
+use std::io::Write as _;
+
 use chorus_cuda::reference;
 use chorus_cuda::testing::block_on;
 use chorus_engine::{
@@ -543,17 +545,19 @@ where
 }
 
 /// Every case in order on this rank, stopping at the first failure (the communicator is
-/// poisoned then); the failure.
-pub fn sweep<D, L>(e: &Engine<D, L>, cases: &[Case]) -> Vec<String>
+/// poisoned then), which is also printed at once.
+pub fn sweep<D, L>(e: &Engine<D, L>, cases: &[Case]) -> Result<(), String>
 where
     D: Rig,
     L: Link<D::Payload> + ?Sized,
 {
-    cases
-        .iter()
-        .find_map(|case| check(e, case).err())
-        .into_iter()
-        .collect()
+    for case in cases {
+        if let Err(m) = check(e, case) {
+            let _ = writeln!(std::io::stderr(), "FAILED: {m}");
+            return Err(m);
+        }
+    }
+    Ok(())
 }
 
 pub fn assert_clean(failures: Vec<String>) {
