@@ -1,6 +1,6 @@
 //! `DeviceLink`: two ranks on one GPU exchanging payloads through device memory.
 //!
-//! Each end owns a [`Region`](crate::region) of slots. A send queues, on the link's send
+//! Each end owns a `Region` of slots. A send queues, on the link's send
 //! stream, for each slot-sized part: a wait until the peer has consumed the slot's previous
 //! message, a copy into the slot, and a signal raising `ready`; then it tells the peer's host
 //! (a `Sent` frame on the socket). The peer's reader thread queues, on its receive stream,
@@ -11,7 +11,7 @@
 //! lost peer cost the context).
 //!
 //! A retired wait never passes garbage off as data: a retired receive is recorded in the
-//! link's [`LinkHealth`], which the payload carries, so the device that reads it fails its
+//! link's `LinkHealth`, which the payload carries, so the device that reads it fails its
 //! settle; a retired send stops that stream's puts and signals for good, so the peer never
 //! sees `ready` for a slot that was not filled (its own waits retire when it learns of the
 //! abort); and a payload forwarded from a link whose receive retired is gated the same way.
