@@ -141,8 +141,10 @@ CHORUS_DEV float chorus_e5m2_to_f32_sw(u8 b) {
     return chorus_bits_f32(sign | ((e + 112u) << 23) | (m << 21));
 }
 
-// Encode with round-to-nearest-even and saturation to the largest finite value (PTX's
-// `.satfinite`): +-inf and anything past the maximum become +-max, NaN stays NaN (0x7f).
+// Encode with round-to-nearest-even. Magnitudes from `max_bits` on (infinity included)
+// become `max_code`: E4M3 has no infinity and saturates to +-448 (PTX's `.satfinite`);
+// E5M2 rounds to +-infinity from 61440, the midpoint past its largest finite value, as
+// IEEE rounding does and as the engine's host device does. NaN stays NaN (0x7f).
 CHORUS_DEV u8 chorus_f32_to_f8_sw(float f, u32 mbits, u32 bias, u32 max_code, u32 max_bits) {
     u32 x = chorus_f32_bits(f);
     u32 sign = (x >> 24) & 0x80u;
@@ -191,8 +193,8 @@ CHORUS_DEV u8 chorus_f32_to_e4m3_sw(float f) {
 }
 
 CHORUS_DEV u8 chorus_f32_to_e5m2_sw(float f) {
-    // max 57344 = 0x47600000, code 0x7b
-    return chorus_f32_to_f8_sw(f, 2u, 15u, 0x7bu, 0x47600000u);
+    // 61440 = 0x47700000 and up rounds to infinity, code 0x7c
+    return chorus_f32_to_f8_sw(f, 2u, 15u, 0x7cu, 0x47700000u);
 }
 
 // The device's own fp8 conversions exist from sm_89 on; the Rust side defines
@@ -217,6 +219,12 @@ CHORUS_DEV u8 chorus_f32_to_e4m3(float f) {
     return (u8)(out & 0xffu);
 }
 CHORUS_DEV u8 chorus_f32_to_e5m2(float f) {
+    // The instruction only saturates; IEEE rounding (the host's) overflows to infinity
+    // from 61440 on, so those magnitudes are encoded here.
+    u32 ax = chorus_f32_bits(f) & 0x7fffffffu;
+    if (ax >= 0x47700000u && ax <= 0x7f800000u) {
+        return (u8)(((chorus_f32_bits(f) >> 24) & 0x80u) | 0x7cu);
+    }
     u16 out;
     float zero = 0.0f;
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(out) : "f"(zero), "f"(f));

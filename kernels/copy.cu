@@ -2,10 +2,11 @@
 //
 // chorus_copy(dst, src, bytes) copies non-overlapping regions: 16-byte vectors when both
 // pointers and the length allow, bytes for the rest. The device uses it for copy, pack,
-// unpack and the link's slot transfers, so every byte the engine moves goes through kernels
+// unpack and taking data out of a link's slots, and chorus_put (the same copy behind a
+// link's skip word) for putting data in, so every byte the engine moves goes through kernels
 // launched on the rank's own streams; kernels/check.sh measures it beside cuMemcpyDtoD.
 
-extern "C" __global__ void chorus_copy(void* dst_, const void* src_, u64 bytes) {
+CHORUS_DEV void chorus_copy_body(void* dst_, const void* src_, u64 bytes) {
     u8* dst = (u8*)dst_;
     const u8* src = (const u8*)src_;
     const u64 first = chorus_thread_index();
@@ -23,4 +24,17 @@ extern "C" __global__ void chorus_copy(void* dst_, const void* src_, u64 bytes) 
     for (u64 i = done + first; i < bytes; i += stride) {
         dst[i] = src[i];
     }
+}
+
+extern "C" __global__ void chorus_copy(void* dst, const void* src, u64 bytes) {
+    chorus_copy_body(dst, src, bytes);
+}
+
+// A link's copy into its slot: skipped once the send stream's `skip` word is set (wait.cu
+// says why). `skip` is device memory written only by kernels earlier on the same stream.
+extern "C" __global__ void chorus_put(void* dst, const void* src, u64 bytes, const u64* skip) {
+    if (*(const volatile u64*)skip != 0ull) {
+        return;
+    }
+    chorus_copy_body(dst, src, bytes);
 }

@@ -1,9 +1,17 @@
 // Runs the chorus kernels on the CPU for crates/chorus-cuda/tests/host_kernels.rs.
 //
 //   host_harness reduce <kernel> <elem_size> <n> <offset> <dst_in> <src_in> <dst_out>
-//   host_harness scale  <kernel> <elem_size> <n> <factor> <divisor> <in> <out>
+//   host_harness scale  <kernel> <elem_size> <n> <factor> <multiplier> <exact> <in> <out>
+//   host_harness divide <kernel> <elem_size> <n> <divisor> <in> <out>
 //   host_harness copy   <bytes> <dst_off> <src_off> <src_in> <dst_out>
+//   host_harness put    <bytes> <skip> <src_in> <dst_out>
 //   host_harness conv   <name> <in> <out>
+//   host_harness wait   <flag> <target> <abort> <retired> <retired_dev> <generation>
+//   host_harness gate   <skip> <taint> <taint_gen>
+//   host_harness signal <flag> <value> <skip, or "null">
+//
+// wait, gate and signal print the words they may write, space-separated, on stdout. wait
+// refuses (exit 3) to run when it would spin: a CPU "thread" cannot be released by a peer.
 //
 // Files are raw little-endian arrays. `offset` shifts both buffers by that many elements
 // from a 16-byte boundary, so the vector path, the scalar tail and the unaligned path all
@@ -21,17 +29,20 @@
 #include <vector>
 
 typedef void (*reduce_fn)(void*, const void*, u64);
-typedef void (*scale_fn)(void*, u64, double, u64);
+typedef void (*scale_fn)(void*, u64, double, u64, u64);
+typedef void (*divide_fn)(void*, u64, u64);
 
 struct Named {
     const char* name;
     reduce_fn reduce;
     scale_fn scale;
+    divide_fn divide;
 };
 
-#define R(OP, T) {"chorus_reduce_" #OP "_" #T, chorus_reduce_##OP##_##T, nullptr},
-#define S(T) {"chorus_scale_" #T, nullptr, chorus_scale_##T},
-#define ALL(T) R(sum, T) R(prod, T) R(min, T) R(max, T) S(T)
+#define R(OP, T) {"chorus_reduce_" #OP "_" #T, chorus_reduce_##OP##_##T, nullptr, nullptr},
+#define S(T) {"chorus_scale_" #T, nullptr, chorus_scale_##T, nullptr},
+#define D(T) {"chorus_divide_" #T, nullptr, nullptr, chorus_divide_##T},
+#define ALL(T) R(sum, T) R(prod, T) R(min, T) R(max, T) S(T) D(T)
 static const Named KERNELS[] = {ALL(f32) ALL(f64) ALL(f16) ALL(bf16) ALL(i8) ALL(u8) ALL(i32)
                                     ALL(u32) ALL(i64) ALL(u64) ALL(f8e4m3) ALL(f8e5m2)};
 
@@ -101,7 +112,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     std::string mode = argv[1];
-    if (mode == "reduce" && argc == 9) {
+    if (mode == "reduce" && argc == 9 && find(argv[2])->reduce) {
         const Named* k = find(argv[2]);
         size_t esize = std::strtoull(argv[3], nullptr, 10);
         u64 n = std::strtoull(argv[4], nullptr, 10);
@@ -112,15 +123,26 @@ int main(int argc, char** argv) {
         spit(argv[8], dst.ptr, n * esize);
         return 0;
     }
-    if (mode == "scale" && argc == 9) {
+    if (mode == "scale" && argc == 10 && find(argv[2])->scale) {
         const Named* k = find(argv[2]);
         size_t esize = std::strtoull(argv[3], nullptr, 10);
         u64 n = std::strtoull(argv[4], nullptr, 10);
         double factor = std::strtod(argv[5], nullptr);
-        u64 divisor = std::strtoull(argv[6], nullptr, 10);
-        Placed mem(slurp(argv[7]), 0);
-        launch([&] { k->scale(mem.ptr, n, factor, divisor); });
-        spit(argv[8], mem.ptr, n * esize);
+        u64 multiplier = std::strtoull(argv[6], nullptr, 10);
+        u64 exact = std::strtoull(argv[7], nullptr, 10);
+        Placed mem(slurp(argv[8]), 0);
+        launch([&] { k->scale(mem.ptr, n, factor, multiplier, exact); });
+        spit(argv[9], mem.ptr, n * esize);
+        return 0;
+    }
+    if (mode == "divide" && argc == 8 && find(argv[2])->divide) {
+        const Named* k = find(argv[2]);
+        size_t esize = std::strtoull(argv[3], nullptr, 10);
+        u64 n = std::strtoull(argv[4], nullptr, 10);
+        u64 divisor = std::strtoull(argv[5], nullptr, 10);
+        Placed mem(slurp(argv[6]), 0);
+        launch([&] { k->divide(mem.ptr, n, divisor); });
+        spit(argv[7], mem.ptr, n * esize);
         return 0;
     }
     if (mode == "copy" && argc == 7) {
@@ -132,6 +154,47 @@ int main(int argc, char** argv) {
         Placed dst(zeros, dst_off);
         launch([&] { chorus_copy(dst.ptr, src.ptr, bytes); });
         spit(argv[6], dst.ptr, bytes);
+        return 0;
+    }
+    if (mode == "put" && argc == 6) {
+        u64 bytes = std::strtoull(argv[2], nullptr, 10);
+        u64 skip = std::strtoull(argv[3], nullptr, 10);
+        std::vector<unsigned char> zeros(bytes, 0);
+        Placed src(slurp(argv[4]), 0);
+        Placed dst(zeros, 0);
+        launch([&] { chorus_put(dst.ptr, src.ptr, bytes, &skip); });
+        spit(argv[5], dst.ptr, bytes);
+        return 0;
+    }
+    if (mode == "wait" && argc == 8) {
+        u64 flag = std::strtoull(argv[2], nullptr, 10);
+        u64 target = std::strtoull(argv[3], nullptr, 10);
+        u32 abort_word = (u32)std::strtoul(argv[4], nullptr, 10);
+        u64 retired = std::strtoull(argv[5], nullptr, 10);
+        u64 retired_dev = std::strtoull(argv[6], nullptr, 10);
+        u64 generation = std::strtoull(argv[7], nullptr, 10);
+        if (flag < target && abort_word == 0u) {
+            return 3;
+        }
+        launch([&] { chorus_wait(&flag, target, &abort_word, &retired, generation, &retired_dev); });
+        std::printf("%llu %llu\n", retired, retired_dev);
+        return 0;
+    }
+    if (mode == "gate" && argc == 5) {
+        u64 skip = std::strtoull(argv[2], nullptr, 10);
+        u64 taint = std::strtoull(argv[3], nullptr, 10);
+        u64 taint_gen = std::strtoull(argv[4], nullptr, 10);
+        launch([&] { chorus_gate(&skip, &taint, taint_gen); });
+        std::printf("%llu\n", skip);
+        return 0;
+    }
+    if (mode == "signal" && argc == 5) {
+        u64 flag = std::strtoull(argv[2], nullptr, 10);
+        u64 value = std::strtoull(argv[3], nullptr, 10);
+        bool null_skip = std::string(argv[4]) == "null";
+        u64 skip = null_skip ? 0ull : std::strtoull(argv[4], nullptr, 10);
+        launch([&] { chorus_signal(&flag, value, null_skip ? nullptr : &skip); });
+        std::printf("%llu\n", flag);
         return 0;
     }
     if (mode == "conv" && argc == 5) {

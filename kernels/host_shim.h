@@ -2,7 +2,8 @@
 // `cargo test -p chorus-cuda` can run their arithmetic (conversions, reductions, scaling,
 // copies) against the Rust reference. Each "thread" of a launch runs to completion in turn
 // (kernels/host_harness.cpp), which is faithful for kernels whose threads share nothing:
-// every kernel here except chorus_wait, whose loop is exercised on the GPU only.
+// every kernel here. chorus_wait runs here only when it returns at once (its flag reached,
+// or its abort word set); its spinning is exercised on the GPU only.
 #pragma once
 #include <cstring>
 

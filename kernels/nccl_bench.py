@@ -54,7 +54,7 @@ def worker(rank, world, init_file, sizes, out_path, budget_s):
         with open(out_path, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-                print(f"{world:>6} {r['bytes'] >> 20:>9}M {r['us']:>12.1} {r['busbw_gbps']:>9.1f} GB/s (nccl)",
+                print(f"{world:>6} {r['bytes'] >> 20:>9}M {r['us']:>12.1f} {r['busbw_gbps']:>9.1f} GB/s (nccl)",
                       flush=True)
     dist.destroy_process_group()
 

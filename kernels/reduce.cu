@@ -2,9 +2,12 @@
 //
 // One kernel per (operator, type): chorus_reduce_<op>_<type>(dst, src, n) computes
 // dst[i] = op(dst[i], src[i]) for i < n elements; chorus_scale_<type>(mem, n, factor,
-// divisor) computes mem[i] = mem[i] * factor (integers: mem[i] / divisor when divisor is
-// not zero, which is how `1/n` for an average stays exact). The engine composes Avg and
-// PreMulSum from Sum and scale, so those two operators have no kernels of their own.
+// multiplier, exact) computes mem[i] = mem[i] * factor (integers: a wrapping multiply by
+// `multiplier` when `exact` is set, which the host sets for integral factors below 2^63);
+// chorus_divide_<type>(mem, n, divisor) computes mem[i] = mem[i] / divisor, the last step
+// of an average (integers truncate toward zero, exactly; floats divide in their compute
+// type). The engine composes Avg and PreMulSum from Sum, scale and divide, so those two
+// operators have no kernels of their own. The arithmetic is the engine's host device's.
 //
 // Narrow floats (f16, bf16, fp8) compute in f32 and round once, back to their own type.
 // Integer sums and products wrap (two's complement), as NCCL's do. Min and max ignore a NaN
@@ -22,10 +25,12 @@
         static CHORUS_DEV C mul(C a, C b) { return a * b; }                            \
         static CHORUS_DEV C min(C a, C b) { return (b != b) ? a : ((a < b) ? a : b); } \
         static CHORUS_DEV C max(C a, C b) { return (b != b) ? a : ((a > b) ? a : b); } \
-        static CHORUS_DEV C scale(C a, double factor, u64 divisor) {                   \
-            (void)divisor;                                                             \
+        static CHORUS_DEV C scale(C a, double factor, u64 multiplier, u64 exact) {     \
+            (void)multiplier;                                                          \
+            (void)exact;                                                               \
             return a * (C)factor;                                                      \
         }                                                                              \
+        static CHORUS_DEV C div(C a, u64 divisor) { return a / (C)divisor; }           \
     };
 
 CHORUS_DEV float chorus_id_f32(float v) { return v; }
@@ -39,9 +44,10 @@ CHORUS_FLOAT_TRAIT(ElemE4M3, u8, float, chorus_e4m3_to_f32, chorus_f32_to_e4m3)
 CHORUS_FLOAT_TRAIT(ElemE5M2, u8, float, chorus_e5m2_to_f32, chorus_f32_to_e5m2)
 
 // Integers: arithmetic in the unsigned type of the same width, so overflow wraps instead of
-// being undefined. Scaling multiplies in f64 and converts the way Rust's `as` does: toward
-// zero, saturating at the type's bounds, NaN to zero (out of range is undefined in C++).
-// LO_D/HI_D are the first doubles that saturate.
+// being undefined. Scaling by an integral factor multiplies exactly (wrapping, like the
+// sums); by any other factor it multiplies in f64 and converts the way Rust's `as` does:
+// toward zero, saturating at the type's bounds, NaN to zero (out of range is undefined in
+// C++). LO_D/HI_D are the first doubles that saturate.
 #define CHORUS_INT_TRAIT(NAME, S_, U_, LO_D, LO, HI_D, HI)                              \
     struct NAME {                                                                      \
         typedef S_ S;                                                                  \
@@ -52,9 +58,9 @@ CHORUS_FLOAT_TRAIT(ElemE5M2, u8, float, chorus_e5m2_to_f32, chorus_f32_to_e5m2)
         static CHORUS_DEV C mul(C a, C b) { return (C)((U_)a * (U_)b); }               \
         static CHORUS_DEV C min(C a, C b) { return (a < b) ? a : b; }                  \
         static CHORUS_DEV C max(C a, C b) { return (a > b) ? a : b; }                  \
-        static CHORUS_DEV C scale(C a, double factor, u64 divisor) {                   \
-            if (divisor != 0ull) {                                                     \
-                return chorus_int_div(a, divisor);                                     \
+        static CHORUS_DEV C scale(C a, double factor, u64 multiplier, u64 exact) {     \
+            if (exact != 0ull) {                                                       \
+                return (C)((U_)a * (U_)multiplier);                                    \
             }                                                                          \
             double v = (double)a * factor;                                             \
             if (v != v) {                                                              \
@@ -68,15 +74,16 @@ CHORUS_FLOAT_TRAIT(ElemE5M2, u8, float, chorus_e5m2_to_f32, chorus_f32_to_e5m2)
             }                                                                          \
             return (C)v;                                                               \
         }                                                                              \
+        static CHORUS_DEV C div(C a, u64 divisor) { return chorus_int_div(a, divisor); } \
     };
 
-// Division truncating toward zero (C++'s own rule), by a positive divisor.
+// Division truncating toward zero (C++'s own rule), by a positive divisor below 2^32.
 CHORUS_DEV i8 chorus_int_div(i8 a, u64 d) { return (i8)((i64)a / (i64)d); }
 CHORUS_DEV u8 chorus_int_div(u8 a, u64 d) { return (u8)((u64)a / d); }
 CHORUS_DEV i32 chorus_int_div(i32 a, u64 d) { return (i32)((i64)a / (i64)d); }
 CHORUS_DEV u32 chorus_int_div(u32 a, u64 d) { return (u32)((u64)a / d); }
 CHORUS_DEV i64 chorus_int_div(i64 a, u64 d) {
-    // d comes from 1/factor, far below 2^63, so the conversion is exact.
+    // d is a world size, far below 2^63, so the conversion is exact.
     return a / (i64)d;
 }
 CHORUS_DEV u64 chorus_int_div(u64 a, u64 d) { return a / d; }
@@ -144,17 +151,28 @@ CHORUS_DEV void chorus_reduce_body(void* dst_, const void* src_, u64 n) {
 }
 
 template <class E>
-CHORUS_DEV void chorus_scale_body(void* mem_, u64 n, double factor, u64 divisor) {
+CHORUS_DEV void chorus_scale_body(void* mem_, u64 n, double factor, u64 multiplier, u64 exact) {
     typedef typename E::S S;
     S* mem = (S*)mem_;
     const u64 first = chorus_thread_index();
     const u64 stride = chorus_thread_count();
     for (u64 i = first; i < n; i += stride) {
-        mem[i] = E::store(E::scale(E::load(mem[i]), factor, divisor));
+        mem[i] = E::store(E::scale(E::load(mem[i]), factor, multiplier, exact));
     }
 }
 
-// ---- the kernels: names are chorus_reduce_<op>_<type> and chorus_scale_<type> ---------------
+template <class E>
+CHORUS_DEV void chorus_divide_body(void* mem_, u64 n, u64 divisor) {
+    typedef typename E::S S;
+    S* mem = (S*)mem_;
+    const u64 first = chorus_thread_index();
+    const u64 stride = chorus_thread_count();
+    for (u64 i = first; i < n; i += stride) {
+        mem[i] = E::store(E::div(E::load(mem[i]), divisor));
+    }
+}
+
+// ---- the kernels: chorus_reduce_<op>_<type>, chorus_scale_<type>, chorus_divide_<type> -------
 
 #define CHORUS_REDUCE(OPNAME, OP, TNAME, E)                                                 \
     extern "C" __global__ void chorus_reduce_##OPNAME##_##TNAME(void* dst, const void* src,  \
@@ -168,8 +186,11 @@ CHORUS_DEV void chorus_scale_body(void* mem_, u64 n, double factor, u64 divisor)
     CHORUS_REDUCE(min, OpMin, TNAME, E)                                                      \
     CHORUS_REDUCE(max, OpMax, TNAME, E)                                                      \
     extern "C" __global__ void chorus_scale_##TNAME(void* mem, u64 n, double factor,         \
-                                                    u64 divisor) {                           \
-        chorus_scale_body<E>(mem, n, factor, divisor);                                       \
+                                                    u64 multiplier, u64 exact) {             \
+        chorus_scale_body<E>(mem, n, factor, multiplier, exact);                             \
+    }                                                                                        \
+    extern "C" __global__ void chorus_divide_##TNAME(void* mem, u64 n, u64 divisor) {        \
+        chorus_divide_body<E>(mem, n, divisor);                                              \
     }
 
 CHORUS_TYPE_KERNELS(f32, ElemF32)

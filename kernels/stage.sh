@@ -3,7 +3,11 @@
 # put them in target/device/, for a device machine that has no Rust toolchain and no network.
 #
 #   bash kernels/stage.sh
-#   then, with the device tool: run(command="bash kernels/check.sh", carry=["target/device"])
+#   then, with the device tool: run(command="bash kernels/check.sh", carry=["target/device"],
+#   timeout_s=400)
+#
+# Staged: the crate's unit tests (test-chorus_cuda: settle, abort records and guards on the
+# GPU), the GPU tests (test-gpu: the engine's collectives on device memory) and gpu_bench.
 #
 # The binaries need glibc >= this machine's (Debian 12: 2.36); the device image is newer.
 set -euo pipefail
@@ -26,4 +30,9 @@ for t in chorus_cuda gpu; do
 done
 cp target/release/examples/gpu_bench "$dest/gpu_bench"
 strip "$dest"/* 2>/dev/null || true
+# What was staged, for the check's log.
+{
+  git rev-parse --short HEAD 2>/dev/null || echo "no git"
+  if git status --porcelain 2>/dev/null | grep -q .; then echo "(with uncommitted changes)"; fi
+} | tr '\n' ' ' >"$dest/STAGED"
 say "staged: $(cd "$dest" && ls | tr '\n' ' ')($(du -sh "$dest" | cut -f1))"

@@ -349,13 +349,13 @@ mod tests {
 
     fn sample() -> Vec<Message> {
         vec![
-            Message::Heartbeat(Heartbeat { seq: 1 }),
+            Message::Heartbeat(Heartbeat { seq: 1, digest: 0 }),
             Message::Depart(Depart::new(CloseCode::LEFT, "bye")),
             Message::Chunk(Chunk {
                 header: ChunkHeader::new(Collective::AllReduce, DType::F32, OpSeq(4), 2, 16),
                 payload: Bytes::from(vec![1u8; 64]),
             }),
-            Message::Heartbeat(Heartbeat { seq: 2 }),
+            Message::Heartbeat(Heartbeat { seq: 2, digest: 0 }),
         ]
     }
 
@@ -460,8 +460,8 @@ mod tests {
 
     #[test]
     fn fixed_size_kind_with_another_length_is_refused() {
-        let mut bytes = stream(&[Message::Heartbeat(Heartbeat { seq: 1 })]);
-        bytes[28] = 9;
+        let mut bytes = stream(&[Message::Heartbeat(Heartbeat { seq: 1, digest: 0 })]);
+        bytes[28] = 17;
         bytes.extend_from_slice(&[0]);
         let mut d = open();
         d.push(&bytes);
@@ -469,8 +469,8 @@ mod tests {
             d.next(),
             Err(DecodeError::BadLength {
                 kind: Kind::Heartbeat,
-                len: 9,
-                expected: 8
+                len: 17,
+                expected: 16
             })
         ));
     }
@@ -479,7 +479,7 @@ mod tests {
     fn sequence_gap_and_repeat_are_violations() {
         let mut enc = Encoder::default();
         let mut out = BytesMut::new();
-        let hb = Message::Heartbeat(Heartbeat { seq: 0 });
+        let hb = Message::Heartbeat(Heartbeat { seq: 0, digest: 0 });
         enc.encode(&env(), &hb, &mut out).unwrap();
         let first = out.clone();
         // Repeat frame 0.
@@ -498,7 +498,7 @@ mod tests {
 
     #[test]
     fn wrong_version_closes_with_version_mismatch() {
-        let mut bytes = stream(&[Message::Heartbeat(Heartbeat { seq: 1 })]);
+        let mut bytes = stream(&[Message::Heartbeat(Heartbeat { seq: 1, digest: 0 })]);
         bytes[4] = 2;
         let mut d = open();
         d.push(&bytes[..6]);
@@ -516,7 +516,7 @@ mod tests {
     #[test]
     fn acceptor_refuses_anything_but_hello_before_the_handshake() {
         let mut d = Decoder::new(Side::Acceptor, Limits::DEFAULT);
-        d.push(&stream(&[Message::Heartbeat(Heartbeat { seq: 1 })])[..6]);
+        d.push(&stream(&[Message::Heartbeat(Heartbeat { seq: 1, digest: 0 })])[..6]);
         assert!(matches!(
             d.next(),
             Err(DecodeError::Unexpected {
@@ -528,7 +528,7 @@ mod tests {
 
     #[test]
     fn established_stream_refuses_other_comm_and_sender() {
-        let bytes = stream(&[Message::Heartbeat(Heartbeat { seq: 1 })]);
+        let bytes = stream(&[Message::Heartbeat(Heartbeat { seq: 1, digest: 0 })]);
         let mut d = Decoder::new(Side::Acceptor, Limits::DEFAULT);
         d.establish(1, Role::Member, Side::Acceptor, CommId(1), Rank(3));
         d.push(&bytes);
@@ -548,7 +548,7 @@ mod tests {
 
     #[test]
     fn data_stream_refuses_control_frames() {
-        let bytes = stream(&[Message::Heartbeat(Heartbeat { seq: 1 })]);
+        let bytes = stream(&[Message::Heartbeat(Heartbeat { seq: 1, digest: 0 })]);
         let mut d = Decoder::new(Side::Acceptor, Limits::DEFAULT);
         d.establish(1, Role::Data, Side::Acceptor, CommId(1), Rank(2));
         d.push(&bytes);
@@ -559,7 +559,7 @@ mod tests {
     fn nothing_may_follow_a_depart() {
         let bytes = stream(&[
             Message::Depart(Depart::new(CloseCode::NORMAL, "done")),
-            Message::Heartbeat(Heartbeat { seq: 1 }),
+            Message::Heartbeat(Heartbeat { seq: 1, digest: 0 }),
         ]);
         let mut d = Decoder::new(Side::Acceptor, Limits::DEFAULT);
         d.establish(1, Role::Member, Side::Acceptor, CommId(1), Rank(2));

@@ -171,16 +171,24 @@ mod tests {
         let mut enc = Encoder::default();
         let mut out = BytesMut::new();
         let h0 = enc
-            .encode(&env(), &Message::Heartbeat(Heartbeat { seq: 9 }), &mut out)
+            .encode(
+                &env(),
+                &Message::Heartbeat(Heartbeat { seq: 9, digest: 0 }),
+                &mut out,
+            )
             .unwrap();
         let h1 = enc
-            .encode(&env(), &Message::Heartbeat(Heartbeat { seq: 10 }), &mut out)
+            .encode(
+                &env(),
+                &Message::Heartbeat(Heartbeat { seq: 10, digest: 0 }),
+                &mut out,
+            )
             .unwrap();
         assert_eq!(h0.seq, 0);
         assert_eq!(h1.seq, 1);
         assert_eq!(h0.kind, Kind::Heartbeat);
-        assert_eq!(h0.body_len, 8);
-        assert_eq!(out.len(), 2 * (HEADER_LEN + 8));
+        assert_eq!(h0.body_len, 16);
+        assert_eq!(out.len(), 2 * (HEADER_LEN + 16));
         assert_eq!(&out[HEADER_LEN..HEADER_LEN + 8], &9u64.to_le_bytes());
         assert_eq!(Header::parse(out[..HEADER_LEN].try_into().unwrap()), Ok(h0));
     }

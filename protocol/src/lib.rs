@@ -45,10 +45,10 @@
 //! c.apply(&mut conn_rx);
 //! let mut enc = connector.into_encoder();
 //! let mut wire = BytesMut::new();
-//! enc.encode(&me, &Message::Heartbeat(Heartbeat { seq: 0 }), &mut wire)?;
+//! enc.encode(&me, &Message::Heartbeat(Heartbeat { seq: 0, digest: 0 }), &mut wire)?;
 //! acc_rx.push(&wire);
 //! let frame = acc_rx.next()?.expect("a whole frame");
-//! assert_eq!(frame.message, Message::Heartbeat(Heartbeat { seq: 0 }));
+//! assert_eq!(frame.message, Message::Heartbeat(Heartbeat { seq: 0, digest: 0 }));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

@@ -295,6 +295,11 @@ pub struct Welcome {
 pub struct Heartbeat {
     /// Increments by one per heartbeat from this sender.
     pub seq: u64,
+    /// Digest of what the sender knows at the header's epoch (the set of absent ranks and
+    /// whether the epoch is revoked; `chorus-control`'s `Digest`). A receiver whose digest
+    /// differs pushes what it knows back: anti-entropy that repairs a notice lost to loss
+    /// or a partition without any per-notice acknowledgement.
+    pub digest: u64,
 }
 
 /// An explicit departure: the sender is leaving, and why (principle 1).
@@ -389,8 +394,11 @@ pub struct Proposal {
     pub epoch: Epoch,
     /// Old-epoch ranks agreed absent (dead or departed), ascending.
     pub removed: Vec<Rank>,
-    /// The new table, ranks compacted `0..n` in old order, joiners appended.
-    pub members: Vec<PeerInfo>,
+    /// Members new in this epoch (grow), in their new rank order. The new table is the old
+    /// one without `removed`, compacted `0..n` in old order, with these appended; survivors'
+    /// entries are not repeated, because every member already holds them, so agreement
+    /// messages stay O(changes) rather than O(world) at 100 000 ranks.
+    pub joiners: Vec<PeerInfo>,
 }
 
 /// A coordinator claims a ballot and asks for any proposal already accepted.
@@ -400,7 +408,8 @@ pub struct Prepare {
     pub ballot: Ballot,
 }
 
-/// A member promises to ignore lower ballots and reports what it already accepted.
+/// A member promises to ignore lower ballots and reports what it already accepted. Sent with
+/// a higher `ballot` than the `Prepare`'s, it is a refusal naming the ballot promised instead.
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct Promise {
@@ -423,8 +432,9 @@ pub struct Propose {
 #[rkyv(derive(Debug))]
 pub struct Accept {
     pub ballot: Ballot,
-    /// False when the member knows of an absence the proposal lacks (listed in `absent`)
-    /// or has promised a higher ballot.
+    /// False when the member has promised a higher ballot (then `ballot` is that ballot).
+    /// An absence the proposal lacks does not refuse it (a value that may already be chosen
+    /// must stay acceptable); it is reported in `absent` for the next epoch's agreement.
     pub ok: bool,
     pub absent: Vec<Rank>,
 }

@@ -227,6 +227,7 @@ pub fn heartbeat() -> Sample {
         envelope: Envelope::new(CommId(0x0123_4567_89ab_cdef), Epoch(3), Rank(2)),
         message: Message::Heartbeat(Heartbeat {
             seq: 0x1122_3344_5566_7788,
+            digest: 0x0f1e_2d3c_4b5a_6978,
         }),
     }
 }
@@ -288,12 +289,16 @@ fn ballot() -> Ballot {
 }
 
 fn proposal() -> Proposal {
-    // Old members 0..4, rank 3 dead: the survivors keep their order.
+    // Old members 0..4, rank 3 dead: the survivors keep their order (0, 1, 2) and one
+    // joiner is admitted as rank 3.
     Proposal {
         comm: CommId(0x0123_4567_89ab_cdef),
         epoch: Epoch(4),
         removed: vec![Rank(3)],
-        members: (0..3).map(peer).collect(),
+        joiners: vec![PeerInfo {
+            rank: Rank(3),
+            ..peer(7)
+        }],
     }
 }
 

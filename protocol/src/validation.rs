@@ -210,7 +210,7 @@ impl Validate for Revoke {
 impl Validate for Proposal {
     fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
         ascending("removed", &self.removed, limits)?;
-        table(&self.members, limits)
+        joiners(&self.joiners, limits)
     }
 }
 
@@ -314,6 +314,23 @@ fn table(members: &[PeerInfo], limits: &Limits) -> Result<(), Invalid> {
             });
         }
         m.validate(limits)?;
+    }
+    Ok(())
+}
+
+/// A proposal's joiners: bounded, each entry valid, ranks consecutive (they are appended
+/// after the kept members, in order).
+fn joiners(joiners: &[PeerInfo], limits: &Limits) -> Result<(), Invalid> {
+    max_count("joiners", joiners.len(), limits.max_members)?;
+    let first = joiners.first().map(|j| j.rank.index()).unwrap_or(0);
+    for (i, j) in joiners.iter().enumerate() {
+        if j.rank == Rank::NONE || j.rank.index() != first + i {
+            return Err(Invalid::RankOutOfPlace {
+                index: i,
+                rank: j.rank,
+            });
+        }
+        j.validate(limits)?;
     }
     Ok(())
 }

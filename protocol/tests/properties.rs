@@ -88,12 +88,22 @@ fn ballot() -> impl Strategy<Value = Ballot> {
 }
 
 fn proposal() -> impl Strategy<Value = Proposal> {
-    (any::<u64>(), any::<u64>(), ranks(), table()).prop_map(|(c, e, removed, members)| Proposal {
-        comm: CommId(c),
-        epoch: Epoch(e),
-        removed,
-        members,
-    })
+    (any::<u64>(), any::<u64>(), ranks(), table(), 0u32..1000).prop_map(
+        |(c, e, removed, table, first)| Proposal {
+            comm: CommId(c),
+            epoch: Epoch(e),
+            removed,
+            // Joiners take consecutive ranks after the kept members.
+            joiners: table
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| PeerInfo {
+                    rank: Rank(first + i as u32),
+                    ..p
+                })
+                .collect(),
+        },
+    )
 }
 
 fn evidence() -> impl Strategy<Value = Evidence> {
@@ -279,7 +289,8 @@ fn message() -> impl Strategy<Value = Message> {
                 members,
             })
         }),
-        any::<u64>().prop_map(|seq| Message::Heartbeat(Heartbeat { seq })),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(seq, digest)| Message::Heartbeat(Heartbeat { seq, digest })),
         (code(), text(512)).prop_map(|(code, detail)| Message::Depart(Depart { code, detail })),
         notice().prop_map(Message::Notice),
         (rank(), any::<u16>()).prop_map(|(origin, hops)| Message::Revoke(Revoke { origin, hops })),

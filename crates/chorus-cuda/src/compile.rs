@@ -66,6 +66,8 @@ pub fn options(target: Target, fp8_hw: bool) -> Vec<String> {
         // multiply-adds that would round differently from the host.
         "--ftz=false".to_string(),
         "--fmad=false".to_string(),
+        // Averages divide: IEEE division, as the host's.
+        "--prec-div=true".to_string(),
     ];
     if fp8_hw {
         opts.push("-DCHORUS_FP8_HW=1".to_string());
@@ -268,6 +270,7 @@ mod tests {
         assert_eq!(opts[0], "--gpu-architecture=sm_90");
         assert!(opts.contains(&"-DCHORUS_FP8_HW=1".to_string()));
         assert!(opts.contains(&"--fmad=false".to_string()));
+        assert!(opts.contains(&"--prec-div=true".to_string()));
     }
 
     #[test]

@@ -3,23 +3,26 @@
 //! One `CudaDevice` is one rank's view of a GPU: a main stream on which every operation is
 //! queued in call order (copies and reductions are kernel launches; nothing here blocks the
 //! host), plus the device links attached to it. Several ranks may share a GPU, each with its
-//! own `CudaDevice`. The only waits are [`CudaDevice::synchronize`] and the test helpers,
-//! and each is bounded: completion is polled against a deadline (`sync.rs`).
+//! own `CudaDevice`. The waits are [`Device::settle`] (the engine's, at the end of every
+//! operation), [`CudaDevice::synchronize`] and the staging copies, and each is bounded:
+//! completion is polled against a deadline (`sync.rs`), and the engine's settle also ends as
+//! soon as the operation is aborted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use chorus_engine::context::Context;
 use chorus_engine::device::{Device, DeviceError};
 use chorus_protocol::{DType, Rank, ReduceOp};
 use cudarc::driver::{CudaEvent, CudaStream, result};
 
 use crate::error::CudaError;
 use crate::gpu::Gpu;
+use crate::health::{Ledger, LinkHealth};
 use crate::mapped::MappedHost;
 use crate::memory::{GpuBuffer, GpuMem};
 use crate::payload::GpuPayload;
-use crate::reference::int_divisor;
 use crate::sync;
 
 /// A rank's GPU device.
@@ -37,11 +40,19 @@ pub(crate) trait Attached: Send + Sync {
     fn failed(&self) -> Option<(Rank, String)>;
 }
 
+/// How long [`Device::settle`] waits for an operation's work unless told otherwise
+/// ([`CudaDevice::set_settle_timeout`]). The operation's own deadline, through its context,
+/// usually ends the wait first.
+pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub(crate) struct DeviceInner {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) stream: Arc<CudaStream>,
     name: String,
     attached: Mutex<Vec<Weak<dyn Attached>>>,
+    /// Payloads from device links read on the main stream since the last settle.
+    read: Ledger<LinkHealth>,
+    settle_timeout_us: AtomicU64,
     syncs: AtomicU64,
 }
 
@@ -75,6 +86,8 @@ impl CudaDevice {
                 stream,
                 name,
                 attached: Mutex::new(Vec::new()),
+                read: Ledger::default(),
+                settle_timeout_us: AtomicU64::new(DEFAULT_SETTLE_TIMEOUT.as_micros() as u64),
                 syncs: AtomicU64::new(0),
             }),
         })
@@ -114,6 +127,53 @@ impl CudaDevice {
             return Err(CudaError::Aborted {
                 what: format!("work on {} ({detail})", inner.name),
                 peer,
+            });
+        }
+        Ok(())
+    }
+
+    /// Bound the engine's wait for each operation's work ([`Device::settle`]); a settle that
+    /// passes it fails the operation with a timeout naming the wait.
+    pub fn set_settle_timeout(&self, timeout: Duration) {
+        let us = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
+        self.inner.settle_timeout_us.store(us, Ordering::Relaxed);
+    }
+
+    /// The bound of [`Device::settle`]'s wait.
+    pub fn settle_timeout(&self) -> Duration {
+        Duration::from_micros(self.inner.settle_timeout_us.load(Ordering::Relaxed))
+    }
+
+    /// Wait until the main stream has run everything queued on it so far, for at most the
+    /// settle timeout and only while `abandon` says no; then check that no payload read on it
+    /// since the last settle held bytes an abort kept from arriving. This is the engine's
+    /// completion: after `Ok`, every buffer the operations wrote holds their result. The
+    /// links' own streams may still be moving this rank's sends; they need not finish for
+    /// this rank's buffers to be final.
+    pub fn settle_unless(&self, abandon: &dyn Fn() -> bool) -> Result<(), CudaError> {
+        let inner = &self.inner;
+        // Taken before the mark: every payload noted here had its read queued before it.
+        let read = inner.read.take();
+        let waited = sync::mark(&inner.stream).and_then(|done| {
+            sync::wait_all_unless(
+                std::slice::from_ref(&done),
+                self.settle_timeout(),
+                &format!("settling the operation's work on {}", inner.name),
+                abandon,
+            )
+        });
+        if let Err(e) = waited {
+            // Not yet known to be good: the next settle checks these reads again.
+            for (link, last) in &read {
+                inner.read.note(link, *last);
+            }
+            return Err(e);
+        }
+        inner.syncs.fetch_add(1, Ordering::Relaxed);
+        if let Some((link, _)) = read.iter().find(|(link, last)| link.spoiled(*last)) {
+            return Err(CudaError::Aborted {
+                what: format!("data received on {}", inner.name),
+                peer: link.peer,
             });
         }
         Ok(())
@@ -367,14 +427,24 @@ impl Device for CudaDevice {
     ) -> Result<(), DeviceError> {
         let n = elements(&[off], len, dtype)?;
         let m = mem.at(off, len)?;
-        let divisor = if dtype.is_float() {
-            0
-        } else {
-            int_divisor(factor).unwrap_or(0)
-        };
         Ok(self
             .kernels()
-            .scale(&self.inner.stream, dtype, m, n, factor, divisor)?)
+            .scale(&self.inner.stream, dtype, m, n, factor)?)
+    }
+
+    fn divide(
+        &self,
+        mem: &mut GpuMem,
+        off: usize,
+        len: usize,
+        dtype: DType,
+        divisor: u32,
+    ) -> Result<(), DeviceError> {
+        let n = elements(&[off], len, dtype)?;
+        let m = mem.at(off, len)?;
+        Ok(self
+            .kernels()
+            .divide(&self.inner.stream, dtype, m, n, divisor)?)
     }
 
     fn pack(&self, src: &GpuMem, off: usize, len: usize) -> Result<GpuPayload, DeviceError> {
@@ -385,6 +455,7 @@ impl Device for CudaDevice {
             len,
             ready: None,
             device: self.inner.clone(),
+            origin: None,
         };
         if len > 0 {
             self.kernels()
@@ -408,6 +479,7 @@ impl Device for CudaDevice {
         self.after(payload)?;
         self.kernels()
             .copy(&self.inner.stream, d, payload.ptr, payload.len as u64)?;
+        self.note(payload);
         Ok(())
     }
 
@@ -423,13 +495,26 @@ impl Device for CudaDevice {
         let n = elements(&[off], payload.len, dtype)?;
         let d = dst.at(off, payload.len)?;
         self.after(payload)?;
-        Ok(self
-            .kernels()
-            .reduce(&self.inner.stream, dtype, op, d, payload.ptr, n)?)
+        self.kernels()
+            .reduce(&self.inner.stream, dtype, op, d, payload.ptr, n)?;
+        self.note(payload);
+        Ok(())
+    }
+
+    fn settle(&self, op: &Context) -> Result<(), DeviceError> {
+        Ok(self.settle_unless(&|| op.is_aborted())?)
     }
 }
 
 impl CudaDevice {
+    /// Record that a payload's bytes were read on the main stream (after queueing the read),
+    /// for the next settle to check.
+    fn note(&self, payload: &GpuPayload) {
+        if let Some((link, last)) = &payload.origin {
+            self.inner.read.note(link, *last);
+        }
+    }
+
     /// Make the main stream wait for a payload's bytes.
     fn after(&self, payload: &GpuPayload) -> Result<(), CudaError> {
         if let Some(ev) = &payload.ready {
@@ -446,6 +531,74 @@ impl CudaDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
+
+    use chorus_engine::{AbortReason, Buffer, Engine, EngineConfig, Reduction};
+
+    use crate::link::DeviceLink;
+    use crate::testing::{Stall, block_on, gpu_or_skip};
+
+    const T: Duration = Duration::from_secs(20);
+
+    #[test]
+    fn settle_is_bounded_and_ends_when_the_operation_is_aborted() {
+        let Some(gpu) = gpu_or_skip("GPU tests") else {
+            return;
+        };
+        let dev = CudaDevice::on(gpu.clone()).unwrap();
+        let stall = Stall::on(&gpu, &dev.inner.stream).unwrap();
+        dev.set_settle_timeout(Duration::from_millis(100));
+        let t = Instant::now();
+        let err = dev.settle(&Context::root()).unwrap_err();
+        assert!(
+            matches!(&err, DeviceError::Wait(m) if m.contains("settling")),
+            "{err}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        // Through the engine: an operation finished on the host waits for its kernels, and
+        // its abort ends the wait at once (not at the settle timeout).
+        dev.set_settle_timeout(Duration::from_secs(60));
+        let root = Context::root();
+        let engine: Engine<CudaDevice, DeviceLink> = Engine::new(
+            Rank(0),
+            1,
+            Vec::<Arc<DeviceLink>>::new(),
+            Arc::new(dev.clone()),
+            &root,
+            EngineConfig::default(),
+        )
+        .unwrap();
+        let mut buf = dev.buffer(4096).unwrap();
+        let (took, result) = std::thread::scope(|s| {
+            let op = s.spawn(|| {
+                let r = block_on(engine.all_reduce(
+                    Buffer::InPlace(&mut buf),
+                    1024,
+                    DType::F32,
+                    Reduction::PreMulSum(2.0),
+                ));
+                (r, Instant::now())
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!op.is_finished(), "Ok before the kernels ran");
+            let at = Instant::now();
+            engine.context().abort(AbortReason::requested("deadline"));
+            let (r, done) = op.join().unwrap();
+            (done.saturating_duration_since(at), r)
+        });
+        let err = result.unwrap_err();
+        assert_eq!(
+            err.abort_reason(),
+            Some(&AbortReason::requested("deadline")),
+            "{err}"
+        );
+        assert!(took < Duration::from_millis(200), "the abort took {took:?}");
+        stall.release();
+        dev.synchronize(T).unwrap();
+        dev.settle(&Context::root()).unwrap();
+        drop(buf);
+        drop(stall);
+    }
 
     #[test]
     fn partial_elements_are_misaligned() {

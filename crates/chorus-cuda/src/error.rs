@@ -21,6 +21,10 @@ pub enum CudaError {
     /// A bounded wait on the device passed its deadline; the work is still queued.
     #[error("{what} did not finish within {waited:?}")]
     Timeout { what: String, waited: Duration },
+    /// A bounded wait on the device was given up because the operation it served was
+    /// aborted; the work is still queued (aborting the links retires it).
+    #[error("{what} abandoned: the operation was aborted")]
+    Abandoned { what: String },
     /// Work since the last synchronisation included waits retired by an abort: the output
     /// holds partial data.
     #[error("{what} aborted: a wait for {peer} was retired before the peer's data arrived")]
@@ -52,9 +56,9 @@ impl From<CudaError> for DeviceError {
         match err {
             CudaError::DeviceUnavailable(detail) => DeviceError::Unavailable(detail),
             CudaError::OutOfMemory { bytes, detail } => DeviceError::OutOfMemory { bytes, detail },
-            e @ (CudaError::Timeout { .. } | CudaError::Aborted { .. }) => {
-                DeviceError::Wait(e.to_string())
-            }
+            e @ (CudaError::Timeout { .. }
+            | CudaError::Aborted { .. }
+            | CudaError::Abandoned { .. }) => DeviceError::Wait(e.to_string()),
             other => DeviceError::Unavailable(other.to_string()),
         }
     }

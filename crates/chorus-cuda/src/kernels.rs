@@ -9,6 +9,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::compile::Image;
 use crate::error::CudaError;
+use crate::reference::int_multiplier;
 use crate::source;
 
 /// Threads per block for the elementwise kernels.
@@ -20,9 +21,12 @@ pub(crate) const BLOCKS_PER_SM: u32 = 16;
 pub(crate) struct Kernels {
     reduce: Vec<CudaFunction>,
     scale: Vec<CudaFunction>,
+    divide: Vec<CudaFunction>,
     copy: CudaFunction,
+    put: CudaFunction,
     wait: CudaFunction,
     signal: CudaFunction,
+    gate: CudaFunction,
     max_blocks: u32,
 }
 
@@ -42,6 +46,7 @@ impl Kernels {
         };
         let mut reduce = Vec::with_capacity(DType::ALL.len() * source::KERNEL_OPS.len());
         let mut scale = Vec::with_capacity(DType::ALL.len());
+        let mut divide = Vec::with_capacity(DType::ALL.len());
         for dtype in DType::ALL {
             for op in source::KERNEL_OPS {
                 // KERNEL_OPS are exactly the operators with kernels.
@@ -49,13 +54,17 @@ impl Kernels {
                 reduce.push(get(&name)?);
             }
             scale.push(get(&source::scale_kernel(dtype))?);
+            divide.push(get(&source::divide_kernel(dtype))?);
         }
         Ok(Kernels {
             reduce,
             scale,
+            divide,
             copy: get(source::COPY)?,
+            put: get(source::PUT)?,
             wait: get(source::WAIT)?,
             signal: get(source::SIGNAL)?,
+            gate: get(source::GATE)?,
             max_blocks: sm_count.saturating_mul(BLOCKS_PER_SM).max(1),
         })
     }
@@ -88,7 +97,8 @@ impl Kernels {
         )
     }
 
-    /// `mem[i] = mem[i] * factor` (integers: `/ divisor` when it is not zero) for `n` elements.
+    /// `mem[i] = mem[i] * factor` for `n` elements (integers: a wrapping multiply when the
+    /// factor is integral and below 2^63, as on the host).
     pub(crate) fn scale(
         &self,
         stream: &CudaStream,
@@ -96,19 +106,52 @@ impl Kernels {
         mem: u64,
         n: u64,
         factor: f64,
-        divisor: u64,
     ) -> Result<(), CudaError> {
         if n == 0 {
             return Ok(());
         }
         let f = &self.scale[dtype.code() as usize];
-        let (mut m, mut n_, mut fa, mut dv) = (mem, n, factor, divisor);
+        let (mut multiplier, mut exact) = match int_multiplier(factor) {
+            // The kernel truncates the i64's bits to the element's width, as the host does.
+            Some(m) => (m as u64, 1u64),
+            None => (0, 0),
+        };
+        let (mut m, mut n_, mut fa) = (mem, n, factor);
         launch(
             stream,
             f,
             self.grid(n),
             BLOCK,
-            &mut [arg(&mut m), arg(&mut n_), arg(&mut fa), arg(&mut dv)],
+            &mut [
+                arg(&mut m),
+                arg(&mut n_),
+                arg(&mut fa),
+                arg(&mut multiplier),
+                arg(&mut exact),
+            ],
+        )
+    }
+
+    /// `mem[i] = mem[i] / divisor` for `n` elements (a divisor of 0 counts as 1).
+    pub(crate) fn divide(
+        &self,
+        stream: &CudaStream,
+        dtype: DType,
+        mem: u64,
+        n: u64,
+        divisor: u32,
+    ) -> Result<(), CudaError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let f = &self.divide[dtype.code() as usize];
+        let (mut m, mut n_, mut d) = (mem, n, u64::from(divisor.max(1)));
+        launch(
+            stream,
+            f,
+            self.grid(n),
+            BLOCK,
+            &mut [arg(&mut m), arg(&mut n_), arg(&mut d)],
         )
     }
 
@@ -133,8 +176,32 @@ impl Kernels {
         )
     }
 
+    /// Copy `bytes` into a link's slot unless the send stream's `skip` word is set.
+    pub(crate) fn put(
+        &self,
+        stream: &CudaStream,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        skip: u64,
+    ) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (mut d, mut s, mut b, mut k) = (dst, src, bytes, skip);
+        launch(
+            stream,
+            &self.put,
+            self.grid(bytes.div_ceil(16)),
+            BLOCK,
+            &mut [arg(&mut d), arg(&mut s), arg(&mut b), arg(&mut k)],
+        )
+    }
+
     /// Hold `stream` until `*flag >= target` or the abort word is set (then record
-    /// `generation` in `retired`).
+    /// `generation` as the first retired one in `retired`, host memory, and `retired_dev`,
+    /// device memory).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait(
         &self,
         stream: &CudaStream,
@@ -143,8 +210,10 @@ impl Kernels {
         abort: u64,
         retired: u64,
         generation: u64,
+        retired_dev: u64,
     ) -> Result<(), CudaError> {
-        let (mut f, mut t, mut a, mut r, mut g) = (flag, target, abort, retired, generation);
+        let (mut f, mut t, mut a, mut r, mut g, mut d) =
+            (flag, target, abort, retired, generation, retired_dev);
         launch(
             stream,
             &self.wait,
@@ -156,19 +225,46 @@ impl Kernels {
                 arg(&mut a),
                 arg(&mut r),
                 arg(&mut g),
+                arg(&mut d),
             ],
         )
     }
 
-    /// Set `*flag = value` after everything queued before it on `stream`.
+    /// Set `*flag = value` after everything queued before it on `stream`, unless `skip` (0:
+    /// never) is set.
     pub(crate) fn signal(
         &self,
         stream: &CudaStream,
         flag: u64,
         value: u64,
+        skip: u64,
     ) -> Result<(), CudaError> {
-        let (mut f, mut v) = (flag, value);
-        launch(stream, &self.signal, 1, 1, &mut [arg(&mut f), arg(&mut v)])
+        let (mut f, mut v, mut k) = (flag, value, skip);
+        launch(
+            stream,
+            &self.signal,
+            1,
+            1,
+            &mut [arg(&mut f), arg(&mut v), arg(&mut k)],
+        )
+    }
+
+    /// Set `*skip` if `*taint` (a link's first retired receive) is at or before `taint_gen`.
+    pub(crate) fn gate(
+        &self,
+        stream: &CudaStream,
+        skip: u64,
+        taint: u64,
+        taint_gen: u64,
+    ) -> Result<(), CudaError> {
+        let (mut s, mut t, mut g) = (skip, taint, taint_gen);
+        launch(
+            stream,
+            &self.gate,
+            1,
+            1,
+            &mut [arg(&mut s), arg(&mut t), arg(&mut g)],
+        )
     }
 
     fn grid(&self, units: u64) -> u32 {

@@ -12,7 +12,11 @@
 //! - [`CudaDevice`]: one rank's GPU (`Device` with `Mem = GpuMem`, `Payload = GpuPayload`).
 //! - [`DeviceLink`]: `Link<GpuPayload>` between two ranks on one GPU, threads or processes;
 //!   [`local::connect_all`] joins N ranks in one process.
-//! - [`CudaDevice::synchronize`]: the bounded wait for a rank's work.
+//! - The engine's completion, [`chorus_engine::Device::settle`] ([`CudaDevice::settle_unless`]):
+//!   a bounded, abort-aware wait for the main stream at the end of every operation, which
+//!   also fails the operation if an abort kept any of the bytes it read from arriving.
+//! - [`CudaDevice::synchronize`]: the bounded wait for everything a rank queued, its links'
+//!   streams included.
 
 pub mod cache;
 pub mod compile;
@@ -20,6 +24,7 @@ pub mod device;
 pub mod error;
 pub mod frame;
 pub mod gpu;
+mod health;
 mod kernels;
 pub mod link;
 pub mod local;

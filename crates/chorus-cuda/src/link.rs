@@ -1,6 +1,6 @@
 //! `DeviceLink`: two ranks on one GPU exchanging payloads through device memory.
 //!
-//! Each end owns a [`Region`](crate::region) of slots. A send queues, on the link's send
+//! Each end owns a `Region` of slots. A send queues, on the link's send
 //! stream, for each slot-sized part: a wait until the peer has consumed the slot's previous
 //! message, a copy into the slot, and a signal raising `ready`; then it tells the peer's host
 //! (a `Sent` frame on the socket). The peer's reader thread queues, on its receive stream,
@@ -9,6 +9,12 @@
 //! which also polls this end's abort word: [`Link::cancel`], a departure or a lost peer set
 //! it, and every wait on the peer returns at once (seeds/002: NCCL could not do this, and a
 //! lost peer cost the context).
+//!
+//! A retired wait never passes garbage off as data: a retired receive is recorded in the
+//! link's `LinkHealth`, which the payload carries, so the device that reads it fails its
+//! settle; a retired send stops that stream's puts and signals for good, so the peer never
+//! sees `ready` for a slot that was not filled (its own waits retire when it learns of the
+//! abort); and a payload forwarded from a link whose receive retired is gated the same way.
 //!
 //! Ends in one process (threads) share regions directly; ends in two processes map each
 //! other's region through CUDA IPC. Either way the host side is a connected Unix socket.
@@ -32,9 +38,10 @@ use cudarc::driver::{CudaStream, result};
 use crate::device::{Attached, CudaDevice};
 use crate::error::CudaError;
 use crate::frame::{Frame, Hello, RegionInfo, VERSION};
+use crate::health::{ABORT, LinkHealth, Origins, RETIRED_RECV, RETIRED_SEND};
 use crate::mapped::MappedHost;
-use crate::payload::GpuPayload;
-use crate::region::{CONSUMED, PeerRegion, READY, Region, SLOTS};
+use crate::payload::{GpuPayload, Origin};
+use crate::region::{CONSUMED, PeerRegion, READY, RECV_RETIRED, Region, SEND_SKIP, SLOTS};
 use crate::sync;
 
 /// Slot geometry and the link's deadlines.
@@ -91,11 +98,6 @@ impl LinkConfig {
     }
 }
 
-/// Abort word and the retired-message records in mapped host memory.
-const ABORT: usize = 0;
-const RETIRED_SEND: usize = 64;
-const RETIRED_RECV: usize = 128;
-
 /// One end of a device link. Implements the engine's [`Link`] for [`GpuPayload`].
 pub struct DeviceLink {
     core: Arc<LinkCore>,
@@ -108,8 +110,12 @@ struct LinkCore {
     peer: Rank,
     send_stream: Arc<CudaStream>,
     recv_stream: Arc<CudaStream>,
-    words: MappedHost,
+    /// The abort word and retirement records; payloads received here share it.
+    health: Arc<LinkHealth>,
     own: Arc<Region>,
+    /// Links whose payloads this one forwarded (their records are read by gates queued on
+    /// the send stream).
+    origins: Origins<LinkHealth>,
     theirs: PeerRegion,
     slot_bytes: u64,
     slots: u64,
@@ -237,14 +243,20 @@ impl DeviceLink {
             .set_write_timeout(Some(config.write_timeout))
             .map_err(|e| io("socket", e))?;
 
+        let health = Arc::new(LinkHealth::new(
+            peer,
+            MappedHost::new(&gpu, 256)?,
+            own.clone(),
+        ));
         let core = Arc::new(LinkCore {
             device: device.clone(),
             me,
             peer,
             send_stream,
             recv_stream,
-            words: MappedHost::new(&gpu, 256)?,
+            health,
             own,
+            origins: Origins::default(),
             theirs,
             slot_bytes: config.slot_bytes as u64,
             slots: config.slots as u64,
@@ -292,11 +304,12 @@ impl DeviceLink {
         )
     }
 
-    /// Messages this end retired by abort, last seen on the send and receive side (0: none).
+    /// The first message whose wait this end retired by abort, on the send and the receive
+    /// side (generations from 1; 0: none).
     pub fn retired(&self) -> (u64, u64) {
         (
-            self.core.words.load_u64(RETIRED_SEND),
-            self.core.words.load_u64(RETIRED_RECV),
+            self.core.health.first_retired(RETIRED_SEND),
+            self.core.health.first_retired(RETIRED_RECV),
         )
     }
 }
@@ -325,11 +338,11 @@ impl Link<GpuPayload> for DeviceLink {
 
 impl LinkCore {
     fn abort_word_set(&self) -> bool {
-        self.words.load_u32(ABORT) != 0
+        self.health.abort_set()
     }
 
     fn set_abort(&self) {
-        self.words.store_u32(ABORT, 1);
+        self.health.set_abort();
     }
 
     /// Fail the link for good: later operations report `err`, device waits retire.
@@ -370,8 +383,8 @@ impl LinkCore {
             return Err(e);
         }
         let mut seq = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let (ptr, len, ready) = payload.take();
-        let queued = self.queue_send(&mut seq, ptr, len as u64, ready.as_ref());
+        let (ptr, len, ready, origin) = payload.take();
+        let queued = self.queue_send(&mut seq, ptr, len as u64, ready.as_ref(), origin);
         if ptr != 0 {
             // Free behind the copies on the send stream (which waited for the payload).
             // SAFETY: allocated by cuMemAllocAsync, freed once, every use ordered before.
@@ -407,13 +420,23 @@ impl LinkCore {
         ptr: u64,
         len: u64,
         ready: Option<&cudarc::driver::CudaEvent>,
+        origin: Option<Origin>,
     ) -> Result<(), CudaError> {
         let k = &self.device.gpu().kernels;
         let s = &*self.send_stream;
+        let skip = self.own.ptr + SEND_SKIP;
         self.device.gpu().bind()?;
         if let Some(ev) = ready {
             s.wait(ev)
                 .map_err(|e| CudaError::driver("cuStreamWaitEvent", e))?;
+        }
+        if len > 0
+            && let Some((from, last)) = origin
+        {
+            // Forwarding what another link received: if an abort retired a wait for its
+            // bytes, stop sending here rather than pass them on as data.
+            k.gate(s, skip, from.recv_retired_dev(), last)?;
+            self.origins.hold(&from);
         }
         let mut done = 0u64;
         while done < len {
@@ -424,14 +447,15 @@ impl LinkCore {
                     s,
                     self.theirs.ptr() + CONSUMED,
                     n + 1 - self.slots,
-                    self.words.device_ptr(ABORT),
-                    self.words.device_ptr(RETIRED_SEND),
+                    self.health.word_ptr(ABORT),
+                    self.health.word_ptr(RETIRED_SEND),
                     n + 1,
+                    skip,
                 )?;
             }
             let slot = self.own.ptr + SLOTS + (n % self.slots) * self.slot_bytes;
-            k.copy(s, slot, ptr + done, part)?;
-            k.signal(s, self.own.ptr + READY, n + 1)?;
+            k.put(s, slot, ptr + done, part, skip)?;
+            k.signal(s, self.own.ptr + READY, n + 1, skip)?;
             *seq = n + 1;
             done += part;
         }
@@ -462,6 +486,7 @@ impl LinkCore {
             len: len as usize,
             ready: None,
             device: self.device.inner.clone(),
+            origin: None,
         };
         let mut done = 0u64;
         while done < len {
@@ -471,15 +496,19 @@ impl LinkCore {
                 s,
                 self.theirs.ptr() + READY,
                 n + 1,
-                self.words.device_ptr(ABORT),
-                self.words.device_ptr(RETIRED_RECV),
+                self.health.word_ptr(ABORT),
+                self.health.word_ptr(RETIRED_RECV),
                 n + 1,
+                self.own.ptr + RECV_RETIRED,
             )?;
             let slot = self.theirs.ptr() + SLOTS + (n % self.slots) * self.slot_bytes;
             k.copy(s, ptr + done, slot, part)?;
-            k.signal(s, self.own.ptr + CONSUMED, n + 1)?;
+            // Even after a retired wait: the slot is free for the peer (its bytes are not
+            // used as data here), so the peer's own waits for space do not stall on us.
+            k.signal(s, self.own.ptr + CONSUMED, n + 1, 0)?;
             self.rx_seq.store(n + 1, Ordering::Relaxed);
             done += part;
+            payload.origin = Some((self.health.clone(), n + 1));
         }
         payload.ready = Some(sync::mark(s)?);
         Ok(payload)
@@ -744,6 +773,107 @@ fn read_before(socket: &UnixStream, deadline: Instant) -> Result<Frame, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::GpuMem;
+    use crate::testing::{Stall, block_on, gpu_or_skip};
+    use chorus_engine::device::Device;
+    use chorus_protocol::{Collective, DType, OpSeq};
+
+    const T: Duration = Duration::from_secs(20);
+
+    fn small() -> LinkConfig {
+        LinkConfig {
+            slot_bytes: 64 << 10,
+            slots: 2,
+            ..LinkConfig::default()
+        }
+    }
+
+    fn tag(step: u32) -> Tag {
+        Tag {
+            collective: Collective::SendRecv,
+            op: OpSeq(1),
+            step,
+            offset: 0,
+            dtype: DType::U8,
+        }
+    }
+
+    fn pair() -> Option<(Vec<CudaDevice>, Vec<Vec<DeviceLink>>)> {
+        let gpu = gpu_or_skip("GPU tests")?;
+        let devs: Vec<CudaDevice> = (0..2)
+            .map(|_| CudaDevice::on(gpu.clone()).unwrap())
+            .collect();
+        let links = crate::local::connect_all(&devs, &small()).unwrap();
+        Some((devs, links))
+    }
+
+    #[test]
+    fn a_payload_an_abort_kept_from_arriving_fails_the_settle() {
+        let Some((devs, links)) = pair() else {
+            return;
+        };
+        let (l0, l1) = (&links[0][0], &links[1][0]);
+        // Rank 1's bytes are queued behind a kernel that will not end until released.
+        let stall = Stall::on(devs[1].gpu(), &devs[1].inner.stream).unwrap();
+        let src = devs[1].buffer(64 << 10).unwrap();
+        let p = devs[1].pack(&src, 0, 64 << 10).unwrap();
+        block_on(l1.send(tag(0), p)).unwrap();
+        // Rank 0 has the payload (its frame) but not its bytes, and reads it anyway.
+        let got = block_on(l0.recv(tag(0))).unwrap();
+        let mut dst = devs[0].buffer(64 << 10).unwrap();
+        devs[0].unpack(&mut dst, 0, &got).unwrap();
+        devs[0].set_settle_timeout(Duration::from_millis(100));
+        let err = devs[0].settle_unless(&|| false).unwrap_err();
+        assert!(matches!(err, CudaError::Timeout { .. }), "{err}");
+        // Rank 0 aborts: its wait retires, and the settle says the data is not rank 1's.
+        l0.cancel(CancelReason::new(CloseCode::ABORTED, "test abort"));
+        devs[0].set_settle_timeout(T);
+        let err = devs[0].settle_unless(&|| false).unwrap_err();
+        assert!(
+            matches!(err, CudaError::Aborted { peer: Rank(1), .. }),
+            "{err}"
+        );
+        assert_eq!(l0.retired(), (0, 1));
+        // Reported once: the next settle has nothing left to blame.
+        devs[0].settle_unless(&|| false).unwrap();
+        stall.release();
+        l1.cancel(CancelReason::new(CloseCode::ABORTED, "test over"));
+        drop((got, dst, src, stall));
+        for d in &devs {
+            let _ = d.synchronize(T);
+        }
+    }
+
+    #[test]
+    fn a_retired_send_puts_and_signals_nothing_more() {
+        let Some((devs, links)) = pair() else {
+            return;
+        };
+        let (l0, l1) = (&links[0][0], &links[1][0]);
+        l1.freeze_for_test();
+        let src = devs[0].buffer(64 << 10).unwrap();
+        // Two sends fill both slots; the third waits for a slot the frozen peer never frees.
+        for step in 0..4 {
+            let p = devs[0].pack(&src, 0, 64 << 10).unwrap();
+            block_on(l0.send(tag(step), p)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(l0.flush(Duration::from_micros(1)).is_err(), "not blocked");
+        l0.cancel(CancelReason::new(CloseCode::ABORTED, "test abort"));
+        l0.flush(T).unwrap();
+        assert_eq!(l0.retired().0, 3, "the third message's wait retired first");
+        // SAFETY: the link's own region, alive while the link is; only read here.
+        let own = unsafe { GpuMem::from_raw(l0.core.own.ptr, SLOTS as usize) };
+        let words = devs[0].download(&own, 0, SLOTS as usize, T).unwrap();
+        let word = |at: u64| u64::from_le_bytes(words[at as usize..][..8].try_into().unwrap());
+        assert_eq!(word(READY), 2, "nothing signalled past the retired wait");
+        assert_eq!(word(SEND_SKIP), 3);
+        l1.cancel(CancelReason::new(CloseCode::ABORTED, "test over"));
+        drop(src);
+        for d in &devs {
+            let _ = d.synchronize(T);
+        }
+    }
 
     #[test]
     fn slot_geometry_is_checked() {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaEvent;
 
 use crate::device::DeviceInner;
+use crate::health::LinkHealth;
 
 /// A copy of some device memory, in a stream-ordered allocation, with the event after which
 /// its bytes are complete. Whoever reads it makes their stream wait on that event first;
@@ -14,7 +15,13 @@ pub struct GpuPayload {
     pub(crate) len: usize,
     pub(crate) ready: Option<CudaEvent>,
     pub(crate) device: Arc<DeviceInner>,
+    /// For a payload received through a device link: that link, and the generation of the
+    /// last message it was made of (an abort may have retired the waits for its bytes).
+    pub(crate) origin: Option<Origin>,
 }
+
+/// The link a payload came through and its last message's generation.
+pub(crate) type Origin = (Arc<LinkHealth>, u64);
 
 impl std::fmt::Debug for GpuPayload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -37,9 +44,9 @@ impl GpuPayload {
     }
 
     /// Take the allocation out; the caller frees it (in stream order).
-    pub(crate) fn take(mut self) -> (u64, usize, Option<CudaEvent>) {
+    pub(crate) fn take(mut self) -> (u64, usize, Option<CudaEvent>, Option<Origin>) {
         let ptr = std::mem::take(&mut self.ptr);
-        (ptr, self.len, self.ready.take())
+        (ptr, self.len, self.ready.take(), self.origin.take())
     }
 }
 

@@ -1,26 +1,23 @@
 //! The arithmetic the kernels implement, on the host: the oracle for tests (the GPU's and
 //! the CPU-compiled kernels' results must match it bit for bit) and for the device check.
+//! It is the engine's host device's arithmetic (`chorus_engine::HostDevice`), written again
+//! from the definitions so the two can be checked against each other.
 //!
-//! Narrow floats compute in f32 and round once to their own type; integer sums and products
-//! wrap; min and max ignore a NaN operand; scaling an integer divides when the factor is the
-//! reciprocal of an integer (see [`int_divisor`]) and otherwise converts like Rust's `as`.
+//! Narrow floats compute in f32 and round once to their own type (E4M3 saturates at ±448,
+//! E5M2 overflows to ±infinity); integer sums and products
+//! wrap; min and max ignore a NaN operand. Scaling an integer by an integral factor below
+//! 2^63 multiplies exactly (wrapping), by any other factor goes through f64 and converts
+//! like Rust's `as`. Dividing (the last step of an average) truncates integers toward zero
+//! and divides floats in their compute precision.
 
 use chorus_protocol::{DType, ReduceOp};
 use half::{bf16, f16};
 
-/// The divisor that `factor` is the reciprocal of, if it is one (`1/3` → `3`), so that
-/// averaging integers divides exactly instead of multiplying by a rounded reciprocal.
-pub fn int_divisor(factor: f64) -> Option<u64> {
-    if !(factor > 0.0 && factor <= 1.0) {
-        return None;
-    }
-    let inv = 1.0 / factor;
-    let n = inv.round();
-    if (1.0..9.0e15).contains(&n) && (inv - n).abs() <= 1e-9 * n {
-        Some(n as u64)
-    } else {
-        None
-    }
+/// The multiplier of an exact integer scale: `Some(factor as i64)` when `factor` is
+/// integral and below 2^63 in magnitude (the engine's rule for `PreMulSum` on integers).
+pub fn int_multiplier(factor: f64) -> Option<i64> {
+    // 2^63 bounds the integral factors that convert to i64 exactly.
+    (factor.fract() == 0.0 && factor.abs() < 9_223_372_036_854_775_808.0).then_some(factor as i64)
 }
 
 /// `dst[i] = op(dst[i], src[i])` over whole elements of `dtype`. `op` must have a kernel
@@ -41,9 +38,17 @@ pub fn reduce(dtype: DType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> bool {
 
 /// `mem[i] = mem[i] * factor` over whole elements of `dtype`.
 pub fn scale(dtype: DType, mem: &mut [u8], factor: f64) {
-    let divisor = int_divisor(factor);
+    let multiplier = int_multiplier(factor);
     for e in mem.chunks_exact_mut(dtype.size()) {
-        scale_one(dtype, e, factor, divisor);
+        scale_one(dtype, e, factor, multiplier);
+    }
+}
+
+/// `mem[i] = mem[i] / divisor` over whole elements of `dtype` (a divisor of 0 counts as 1).
+pub fn divide(dtype: DType, mem: &mut [u8], divisor: u32) {
+    let d = divisor.max(1);
+    for e in mem.chunks_exact_mut(dtype.size()) {
+        divide_one(dtype, e, d);
     }
 }
 
@@ -114,17 +119,17 @@ fn reduce_one(dtype: DType, op: ReduceOp, d: &mut [u8], s: &[u8]) {
     }
 }
 
-fn scale_one(dtype: DType, e: &mut [u8], factor: f64, divisor: Option<u64>) {
+fn scale_one(dtype: DType, e: &mut [u8], factor: f64, multiplier: Option<i64>) {
     macro_rules! le {
         ($t:ty) => {
             <$t>::from_le_bytes((&*e).try_into().unwrap_or_default())
         };
     }
     macro_rules! int {
-        ($t:ty, $wide:ty) => {{
+        ($t:ty) => {{
             let a = le!($t);
-            let r: $t = match divisor {
-                Some(n) => ((a as $wide) / (n as $wide)) as $t,
+            let r: $t = match multiplier {
+                Some(m) => a.wrapping_mul(m as $t),
                 None => (a as f64 * factor) as $t,
             };
             e.copy_from_slice(&r.to_le_bytes());
@@ -146,21 +151,45 @@ fn scale_one(dtype: DType, e: &mut [u8], factor: f64, divisor: Option<u64>) {
         ),
         DType::F8E4M3 => e[0] = f32_to_e4m3(e4m3_to_f32(e[0]) * f),
         DType::F8E5M2 => e[0] = f32_to_e5m2(e5m2_to_f32(e[0]) * f),
-        DType::I8 => {
-            let a = e[0] as i8;
-            let r = match divisor {
-                Some(n) => ((a as i64) / (n as i64)) as i8,
-                None => (a as f64 * factor) as i8,
-            };
-            e[0] = r as u8;
-        }
-        DType::U8 => {
-            let a = e[0];
-            e[0] = match divisor {
-                Some(n) => ((a as u64) / n) as u8,
-                None => (a as f64 * factor) as u8,
-            };
-        }
+        DType::I8 => int!(i8),
+        DType::U8 => int!(u8),
+        DType::I32 => int!(i32),
+        DType::U32 => int!(u32),
+        DType::I64 => int!(i64),
+        DType::U64 => int!(u64),
+    }
+}
+
+fn divide_one(dtype: DType, e: &mut [u8], d: u32) {
+    macro_rules! le {
+        ($t:ty) => {
+            <$t>::from_le_bytes((&*e).try_into().unwrap_or_default())
+        };
+    }
+    macro_rules! int {
+        ($t:ty, $wide:ty) => {{
+            let r = ((le!($t) as $wide) / (d as $wide)) as $t;
+            e.copy_from_slice(&r.to_le_bytes());
+        }};
+    }
+    let f = d as f32;
+    match dtype {
+        DType::F32 => e.copy_from_slice(&(le!(f32) / f).to_le_bytes()),
+        DType::F64 => e.copy_from_slice(&(le!(f64) / f64::from(d)).to_le_bytes()),
+        DType::F16 => e.copy_from_slice(
+            &f16::from_f32(f16::from_bits(le!(u16)).to_f32() / f)
+                .to_bits()
+                .to_le_bytes(),
+        ),
+        DType::BF16 => e.copy_from_slice(
+            &bf16::from_f32(bf16::from_bits(le!(u16)).to_f32() / f)
+                .to_bits()
+                .to_le_bytes(),
+        ),
+        DType::F8E4M3 => e[0] = f32_to_e4m3(e4m3_to_f32(e[0]) / f),
+        DType::F8E5M2 => e[0] = f32_to_e5m2(e5m2_to_f32(e[0]) / f),
+        DType::I8 => e[0] = ((e[0] as i8 as i64) / i64::from(d)) as i8 as u8,
+        DType::U8 => e[0] = (u32::from(e[0]) / d) as u8,
         DType::I32 => int!(i32, i64),
         DType::U32 => int!(u32, u64),
         DType::I64 => int!(i64, i64),
@@ -203,13 +232,15 @@ pub fn f32_to_e4m3(f: f32) -> u8 {
     f32_to_f8(f, 3, 7, 448.0, 0x7e)
 }
 
-/// f32 to E5M2: nearest, ties to even, saturating at ±57344 (infinities too), NaN to 0x7f/0xff.
+/// f32 to E5M2: nearest, ties to even, overflowing to ±infinity from 61440 (the midpoint
+/// past ±57344) as IEEE rounding does, NaN to 0x7f/0xff.
 pub fn f32_to_e5m2(f: f32) -> u8 {
-    f32_to_f8(f, 2, 15, 57344.0, 0x7b)
+    f32_to_f8(f, 2, 15, 61440.0, 0x7c)
 }
 
 /// Written from the definition (value grids and ties), not from the kernels' bit tricks,
 /// so that the two are independent.
+/// Magnitudes from `max` on (infinity included) encode as `max_code`.
 fn f32_to_f8(f: f32, mbits: i32, bias: i32, max: f32, max_code: u8) -> u8 {
     let sign = if f.is_sign_negative() { 0x80u8 } else { 0 };
     if f.is_nan() {
@@ -261,20 +292,40 @@ fn f32_to_f8(f: f32, mbits: i32, bias: i32, max: f32, max_code: u8) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write as _;
 
     #[test]
-    fn reciprocals_of_integers_divide() {
-        assert_eq!(int_divisor(1.0 / 3.0), Some(3));
-        assert_eq!(int_divisor(0.25), Some(4));
-        assert_eq!(int_divisor(1.0), Some(1));
-        assert_eq!(int_divisor(0.3), None);
-        assert_eq!(int_divisor(2.0), None);
-        assert_eq!(int_divisor(-0.5), None);
-        assert_eq!(int_divisor(f64::NAN), None);
-        // 6 * (1/3) in f64 truncates to 1; dividing gives the 2 an average means.
-        let mut v = 6i32.to_le_bytes().to_vec();
-        scale(DType::I32, &mut v, 1.0 / 3.0);
-        assert_eq!(i32::from_le_bytes(v.try_into().unwrap()), 2);
+    fn integral_factors_multiply_exactly_and_averages_divide() {
+        assert_eq!(int_multiplier(3.0), Some(3));
+        assert_eq!(int_multiplier(-2.0), Some(-2));
+        assert_eq!(int_multiplier(0.5), None);
+        assert_eq!(int_multiplier(f64::NAN), None);
+        assert_eq!(int_multiplier(f64::INFINITY), None);
+        assert_eq!(int_multiplier(1e19), None);
+        // An integral factor wraps like the engine's PreMulSum, never saturates.
+        let mut v = i64::MAX.to_le_bytes().to_vec();
+        scale(DType::I64, &mut v, 3.0);
+        assert_eq!(
+            i64::from_le_bytes(v.try_into().unwrap()),
+            i64::MAX.wrapping_mul(3)
+        );
+        // 49 * (1/49) in f64 is just below 1 and truncates to 0; dividing gives the 1 an
+        // average means.
+        let mut v = 49i32.to_le_bytes().to_vec();
+        scale(DType::I32, &mut v, 1.0 / 49.0);
+        assert_eq!(i32::from_le_bytes(v.try_into().unwrap()), 0);
+        let mut v = 49i32.to_le_bytes().to_vec();
+        divide(DType::I32, &mut v, 49);
+        assert_eq!(i32::from_le_bytes(v.try_into().unwrap()), 1);
+        let mut v = (-7i8 as u8).to_le_bytes().to_vec();
+        divide(DType::I8, &mut v, 2);
+        assert_eq!(v[0] as i8, -3, "truncates toward zero");
+        let mut v = u64::MAX.to_le_bytes().to_vec();
+        divide(DType::U64, &mut v, 3);
+        assert_eq!(u64::from_le_bytes(v.try_into().unwrap()), u64::MAX / 3);
+        let mut v = 1.0f32.to_le_bytes().to_vec();
+        divide(DType::F32, &mut v, 3);
+        assert_eq!(f32::from_le_bytes(v.try_into().unwrap()), 1.0f32 / 3.0);
     }
 
     #[test]
@@ -301,7 +352,9 @@ mod tests {
         assert_eq!(f32_to_e4m3(1.1875), 0x3a);
         assert_eq!(f32_to_e4m3(1000.0), 0x7e);
         assert_eq!(f32_to_e4m3(f32::NEG_INFINITY), 0xfe);
-        assert_eq!(f32_to_e5m2(f32::INFINITY), 0x7b);
+        assert_eq!(f32_to_e5m2(f32::INFINITY), 0x7c);
+        assert_eq!(f32_to_e5m2(61439.0), 0x7b);
+        assert_eq!(f32_to_e5m2(-61440.0), 0xfc);
         assert_eq!(f32_to_e4m3(f32::NAN), 0x7f);
         assert_eq!(f32_to_e4m3(2f32.powi(-11)), 0x00); // a quarter unit: rounds to zero
         assert_eq!(f32_to_e4m3(3.0 * 2f32.powi(-11)), 0x01); // 0.75 unit: rounds to one
@@ -329,12 +382,109 @@ mod tests {
     }
 
     #[test]
-    fn integer_scaling_saturates_like_as() {
+    fn integer_scaling_by_a_fraction_saturates_like_as() {
+        let mut v = 100i8.to_le_bytes().to_vec();
+        scale(DType::I8, &mut v, 2.5);
+        assert_eq!(v[0] as i8, 127);
         let mut v = 100i8.to_le_bytes().to_vec();
         scale(DType::I8, &mut v, 3.0);
-        assert_eq!(v[0] as i8, 127);
+        assert_eq!(v[0] as i8, 100i8.wrapping_mul(3), "integral: wraps");
         let mut v = 7u32.to_le_bytes().to_vec();
         scale(DType::U32, &mut v, -1.5);
         assert_eq!(u32::from_le_bytes(v.try_into().unwrap()), 0);
+    }
+
+    /// Random bits: every class of value, NaN, infinities and subnormals included.
+    fn noise(seed: u64, bytes: usize) -> Vec<u8> {
+        let mut x = seed;
+        (0..bytes)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 33) as u8
+            })
+            .collect()
+    }
+
+    /// Whether two results agree: bit for bit, or both NaN (payloads may differ), or, with
+    /// `zeros`, both zero (min and max of +0 and -0 may pick either: IEEE leaves it open, and
+    /// the host's vector paths do not promise one). Prints the first difference.
+    fn agree(dtype: DType, a: &[u8], b: &[u8], zeros: bool) -> bool {
+        let nan = |e: &[u8]| match dtype {
+            DType::F32 => f32::from_le_bytes(e.try_into().unwrap()).is_nan(),
+            DType::F64 => f64::from_le_bytes(e.try_into().unwrap()).is_nan(),
+            DType::F16 => f16::from_le_bytes(e.try_into().unwrap()).is_nan(),
+            DType::BF16 => bf16::from_le_bytes(e.try_into().unwrap()).is_nan(),
+            DType::F8E4M3 => e4m3_to_f32(e[0]).is_nan(),
+            DType::F8E5M2 => e5m2_to_f32(e[0]).is_nan(),
+            _ => false,
+        };
+        let zero = |e: &[u8]| {
+            zeros && dtype.is_float() && {
+                let mut m = e.to_vec();
+                // Clear the sign bit (the top bit of the last, most significant byte).
+                if let Some(top) = m.last_mut() {
+                    *top &= 0x7f;
+                }
+                m.iter().all(|&x| x == 0)
+            }
+        };
+        let first = a
+            .chunks_exact(dtype.size())
+            .zip(b.chunks_exact(dtype.size()))
+            .position(|(x, y)| x != y && !(nan(x) && nan(y)) && !(zero(x) && zero(y)));
+        if let Some(i) = first {
+            let at = |v: &[u8]| v[i * dtype.size()..][..dtype.size()].to_vec();
+            let _ = writeln!(
+                std::io::stderr(),
+                "{dtype} element {i}: {:x?} here, {:x?} on the host",
+                at(a),
+                at(b)
+            );
+        }
+        first.is_none()
+    }
+
+    #[test]
+    fn the_reference_is_the_engine_host_arithmetic() {
+        use chorus_engine::{Device, HostDevice};
+        let host = HostDevice;
+        for (k, dtype) in DType::ALL.into_iter().enumerate() {
+            let len = 4096 * dtype.size();
+            let a = noise(k as u64 * 2 + 1, len);
+            let b = noise(k as u64 * 2 + 2, len);
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+                let mut want = host.alloc(len).unwrap();
+                want.copy_from_slice(&a);
+                host.reduce(&mut want, 0, &b, 0, len, dtype, op).unwrap();
+                let mut got = a.clone();
+                assert!(reduce(dtype, op, &mut got, &b));
+                let zeros = matches!(op, ReduceOp::Min | ReduceOp::Max);
+                assert!(agree(dtype, &got, &want, zeros), "{op} over {dtype}");
+            }
+            for factor in [0.5, 1.0 / 3.0, 3.0, -2.0, 0.0, 1e30, -7.25, 1e19, f64::NAN] {
+                let mut want = host.alloc(len).unwrap();
+                want.copy_from_slice(&a);
+                host.scale(&mut want, 0, len, dtype, factor).unwrap();
+                let mut got = a.clone();
+                scale(dtype, &mut got, factor);
+                assert!(
+                    agree(dtype, &got, &want, false),
+                    "{dtype} scaled by {factor}"
+                );
+            }
+            for divisor in [1u32, 2, 3, 4, 7, 8, 1000, u32::MAX] {
+                let mut want = host.alloc(len).unwrap();
+                want.copy_from_slice(&a);
+                host.divide(&mut want, 0, len, dtype, divisor).unwrap();
+                let mut got = a.clone();
+                divide(dtype, &mut got, divisor);
+                assert!(
+                    agree(dtype, &got, &want, false),
+                    "{dtype} divided by {divisor}"
+                );
+            }
+        }
     }
 }

@@ -1,8 +1,13 @@
-//! The device memory one side of a device link writes: its outgoing slots and two counters.
+//! The device memory one side of a device link writes: its outgoing slots, two counters and
+//! two retirement records.
 //!
-//! Layout: `ready` (messages this side has put in its slots) at byte 0, `consumed` (messages
-//! this side has taken out of the peer's slots) at byte 128, then `slots` slots of
-//! `slot_bytes` each from byte 256. Counters only grow, and each has one writer.
+//! Layout: `ready` (messages this side has put in its slots) at byte 0, `send_skip` (the
+//! first send whose wait for a free slot was retired by an abort; from then on this side
+//! puts and signals nothing) at byte 64, `consumed` (messages this side has taken out of the
+//! peer's slots) at byte 128, `recv_retired` (the first message this side stopped waiting
+//! for) at byte 192, then `slots` slots of `slot_bytes` each from byte 256. Counters only
+//! grow, records are written once, and each word has one writer. The peer reads `ready` and
+//! the slots only.
 
 use std::collections::HashMap;
 use std::ffi::c_char;
@@ -14,7 +19,9 @@ use crate::error::CudaError;
 use crate::gpu::Gpu;
 
 pub(crate) const READY: u64 = 0;
+pub(crate) const SEND_SKIP: u64 = 64;
 pub(crate) const CONSUMED: u64 = 128;
+pub(crate) const RECV_RETIRED: u64 = 192;
 pub(crate) const SLOTS: u64 = 256;
 
 /// One side's region.

@@ -28,6 +28,10 @@ pub const COPY: &str = "chorus_copy";
 pub const WAIT: &str = "chorus_wait";
 /// The kernel that raises a peer-visible counter.
 pub const SIGNAL: &str = "chorus_signal";
+/// The copy into a link's slot, skipped once the link's send stream has retired a wait.
+pub const PUT: &str = "chorus_put";
+/// The kernel that stops a link's sends before forwarding a payload that arrived partial.
+pub const GATE: &str = "chorus_gate";
 
 /// The translation unit NVRTC compiles.
 pub fn unit() -> String {
@@ -85,6 +89,11 @@ pub fn scale_kernel(dtype: DType) -> String {
     format!("chorus_scale_{}", type_suffix(dtype))
 }
 
+/// The divide kernel for `dtype` (the last step of an average).
+pub fn divide_kernel(dtype: DType) -> String {
+    format!("chorus_divide_{}", type_suffix(dtype))
+}
+
 /// Every kernel the device loads, in a fixed order.
 pub fn all_kernels() -> Vec<String> {
     let mut names = Vec::new();
@@ -93,8 +102,9 @@ pub fn all_kernels() -> Vec<String> {
             names.extend(reduce_kernel(op, dtype));
         }
         names.push(scale_kernel(dtype));
+        names.push(divide_kernel(dtype));
     }
-    names.extend([COPY.to_string(), WAIT.to_string(), SIGNAL.to_string()]);
+    names.extend([COPY, WAIT, SIGNAL, PUT, GATE].map(String::from));
     names
 }
 
@@ -111,14 +121,17 @@ mod tests {
                 let (op, ty) = rest.split_once('_').unwrap();
                 unit.contains(&format!("CHORUS_REDUCE({op}, "))
                     && unit.contains(&format!("CHORUS_TYPE_KERNELS({ty}, "))
-            } else if let Some(ty) = name.strip_prefix("chorus_scale_") {
+            } else if let Some(ty) = name
+                .strip_prefix("chorus_scale_")
+                .or_else(|| name.strip_prefix("chorus_divide_"))
+            {
                 unit.contains(&format!("CHORUS_TYPE_KERNELS({ty}, "))
             } else {
                 unit.contains(&format!("__global__ void {name}("))
             };
             assert!(found, "{name} is not defined in kernels/");
         }
-        assert_eq!(all_kernels().len(), 12 * 5 + 3);
+        assert_eq!(all_kernels().len(), 12 * 6 + 5);
     }
 
     #[test]

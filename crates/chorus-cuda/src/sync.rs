@@ -29,6 +29,17 @@ pub(crate) fn wait_all(
     timeout: Duration,
     what: &str,
 ) -> Result<(), CudaError> {
+    wait_all_unless(events, timeout, what, &|| false)
+}
+
+/// [`wait_all`], abandoned (with [`CudaError::Abandoned`]) as soon as `abandon` says so; it
+/// is asked between polls, so it must be cheap (an atomic load).
+pub(crate) fn wait_all_unless(
+    events: &[CudaEvent],
+    timeout: Duration,
+    what: &str,
+    abandon: &dyn Fn() -> bool,
+) -> Result<(), CudaError> {
     let start = Instant::now();
     let mut done = vec![false; events.len()];
     let mut nap = Duration::from_micros(5);
@@ -42,6 +53,11 @@ pub(crate) fn wait_all(
         }
         if done.iter().all(|&d| d) {
             return Ok(());
+        }
+        if abandon() {
+            return Err(CudaError::Abandoned {
+                what: what.to_string(),
+            });
         }
         let waited = start.elapsed();
         if waited >= timeout {

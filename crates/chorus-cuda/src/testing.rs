@@ -1,29 +1,44 @@
 //! Support for this crate's GPU tests and the device check (`kernels/check.sh`): detecting
-//! a GPU, a minimal executor, and plain collectives written against the engine's ports.
-//!
-//! The collectives here are deliberately simple (rings, and root-centred trees) so that the
-//! tests exercise the `Device` and `Link` implementations on real device memory; the
-//! engine's own algorithms replace them once it drives these ports.
+//! a GPU, a minimal executor, and communicators of [`chorus_engine::Engine`]s over device
+//! links, ranks as threads sharing one GPU, with a watchdog so nothing hangs.
 
 use std::future::Future;
 use std::io::Write as _;
+use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::task::{Context as TaskContext, Poll, Wake, Waker};
+use std::time::Duration;
 
-use chorus_engine::device::Device;
-use chorus_engine::link::{Link, Tag};
-use chorus_protocol::{Collective, DType, OpSeq, ReduceOp};
+use chorus_engine::link::{CancelReason, Link};
+use chorus_engine::{AbortReason, Context, Engine, EngineConfig};
+use chorus_protocol::{CloseCode, Rank};
 
+use crate::device::CudaDevice;
+use crate::error::CudaError;
 use crate::gpu::Gpu;
+use crate::link::{DeviceLink, LinkConfig};
+use crate::local::connect_all;
+
+/// The engine on a GPU: what the tests and the benchmark drive.
+pub type GpuEngine = Engine<CudaDevice, DeviceLink>;
 
 /// The GPU to test on, or `None` after printing (once per process) one line saying which
-/// tests were skipped and why.
+/// tests were skipped and why. With `CHORUS_REQUIRE_GPU=1` in the environment (the device
+/// check sets it) a missing GPU fails the test instead: there, a skip would hide a broken
+/// setup behind passing tests.
 pub fn gpu_or_skip(what: &str) -> Option<Arc<Gpu>> {
     static SAID: AtomicBool = AtomicBool::new(false);
     match Gpu::open(0) {
         Ok(gpu) => Some(gpu),
+        Err(e) if std::env::var("CHORUS_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            // Test support only: failing the test is the point.
+            #[allow(clippy::panic)]
+            {
+                panic!("{what} need a GPU (CHORUS_REQUIRE_GPU=1): {e}")
+            }
+        }
         Err(e) => {
             if !SAID.swap(true, Ordering::SeqCst) {
                 // Straight to the stream: the test harness captures `eprintln!` of passing
@@ -46,7 +61,7 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
     }
     let signal = Arc::new(Signal(Mutex::new(false), Condvar::new()));
     let waker = Waker::from(signal.clone());
-    let mut cx = Context::from_waker(&waker);
+    let mut cx = TaskContext::from_waker(&waker);
     let mut fut = pin!(fut);
     loop {
         if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
@@ -60,253 +75,176 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
     }
 }
 
-/// What one rank needs to run a collective: its device, its links (row from
-/// [`crate::local::connect_all`]), its rank and the world size.
-pub struct Rank<'a, D: Device, L: Link<D::Payload>> {
-    pub device: &'a D,
-    pub links: &'a [L],
-    pub me: usize,
-    pub world: usize,
+/// One communicator of `devices.len()` ranks on one GPU: rank `i` on `devices[i]`, every
+/// pair joined by a device link, under `parent`.
+pub struct World {
+    pub engines: Vec<GpuEngine>,
+    links: Vec<Vec<Arc<DeviceLink>>>,
 }
 
-impl<D: Device, L: Link<D::Payload>> Rank<'_, D, L> {
-    fn link(&self, peer: usize) -> &L {
-        &self.links[crate::local::peer_index(self.me, peer)]
+impl World {
+    pub fn new(
+        devices: &[CudaDevice],
+        links: &LinkConfig,
+        config: &EngineConfig,
+        parent: &Context,
+    ) -> Result<World, CudaError> {
+        let n = devices.len() as u32;
+        let links: Vec<Vec<Arc<DeviceLink>>> = connect_all(devices, links)?
+            .into_iter()
+            .map(|row| row.into_iter().map(Arc::new).collect())
+            .collect();
+        let mut engines = Vec::with_capacity(devices.len());
+        for (r, (dev, row)) in devices.iter().zip(&links).enumerate() {
+            let engine = Engine::new(
+                Rank(r as u32),
+                n,
+                row.iter().cloned(),
+                Arc::new(dev.clone()),
+                parent,
+                config.clone(),
+            )
+            .map_err(|e| CudaError::Invalid(e.to_string()))?;
+            engines.push(engine);
+        }
+        Ok(World { engines, links })
     }
 
-    fn tag(&self, collective: Collective, op: u64, step: u32, offset: usize, dtype: DType) -> Tag {
-        Tag {
-            collective,
-            op: OpSeq(op),
-            step,
-            offset: offset as u64,
-            dtype,
+    /// Rank `me`'s link to `peer`.
+    pub fn link(&self, me: usize, peer: usize) -> &Arc<DeviceLink> {
+        &self.links[me][crate::local::peer_index(me, peer)]
+    }
+
+    /// Cancel every link (what the runtime does when it aborts a communicator): device
+    /// waits on absent peers retire.
+    pub fn cancel_links(&self, why: &str) {
+        for l in self.links.iter().flatten() {
+            l.cancel(CancelReason::new(CloseCode::ABORTED, why.to_string()));
         }
     }
 
-    /// Byte range of chunk `c` when `len` bytes of `dtype` are split into `world` chunks.
-    pub fn chunk(&self, c: usize, len: usize, dtype: DType) -> (usize, usize) {
-        let size = dtype.size();
-        let elems = len / size;
-        let lo = c * elems / self.world;
-        let hi = (c + 1) * elems / self.world;
-        (lo * size, (hi - lo) * size)
-    }
-
-    /// Ring all-reduce of `buf[..len]` in place; `Avg` divides the sum by the world size,
-    /// `PreMulSum` multiplies each contribution by `scalar` first.
-    pub fn all_reduce(
+    /// Run `f` on every rank, one thread each. If a rank fails (`Err`) or panics, or they
+    /// have not all finished within `limit`, every engine is aborted and every link
+    /// cancelled at once (so the other ranks end too, and nothing hangs), and the result
+    /// names every rank's failure.
+    pub fn run<R: Send>(
         &self,
-        buf: &mut D::Mem,
-        len: usize,
-        dtype: DType,
-        op: ReduceOp,
-        scalar: f64,
-        seq: u64,
-    ) -> Result<(), String> {
-        let base = match op {
-            ReduceOp::Avg | ReduceOp::PreMulSum => ReduceOp::Sum,
-            other => other,
+        limit: Duration,
+        f: impl Fn(&GpuEngine) -> Result<R, String> + Send + Sync,
+    ) -> Result<Vec<R>, String> {
+        let (tx, rx) = mpsc::channel::<bool>();
+        let stop = |why: &str| {
+            for e in &self.engines {
+                e.context().abort(AbortReason::requested(why.to_string()));
+            }
+            self.cancel_links(why);
         };
-        if op == ReduceOp::PreMulSum {
-            self.device
-                .scale(buf, 0, len, dtype, scalar)
-                .map_err(|e| e.to_string())?;
-        }
-        self.reduce_scatter_ring(buf, len, dtype, base, seq, 0)?;
-        self.all_gather_ring(buf, len, dtype, seq, self.world as u32)?;
-        if op == ReduceOp::Avg {
-            self.device
-                .scale(buf, 0, len, dtype, 1.0 / self.world as f64)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-
-    /// Ring reduce-scatter: afterwards chunk `(me + 1) % world` of `buf` holds the reduction.
-    pub fn reduce_scatter_ring(
-        &self,
-        buf: &mut D::Mem,
-        len: usize,
-        dtype: DType,
-        op: ReduceOp,
-        seq: u64,
-        step0: u32,
-    ) -> Result<(), String> {
-        let n = self.world;
-        if n == 1 {
-            return Ok(());
-        }
-        let (right, left) = ((self.me + 1) % n, (self.me + n - 1) % n);
-        for step in 0..n - 1 {
-            let send_c = (self.me + n - step) % n;
-            let recv_c = (self.me + 2 * n - step - 1) % n;
-            let (so, sl) = self.chunk(send_c, len, dtype);
-            let (ro, _) = self.chunk(recv_c, len, dtype);
-            let s = step0 + step as u32;
-            let payload = self.device.pack(buf, so, sl).map_err(|e| e.to_string())?;
-            block_on(
-                self.link(right)
-                    .send(self.tag(Collective::AllReduce, seq, s, so, dtype), payload),
-            )
-            .map_err(|e| e.to_string())?;
-            let got =
-                block_on(
-                    self.link(left)
-                        .recv(self.tag(Collective::AllReduce, seq, s, ro, dtype)),
-                )
-                .map_err(|e| e.to_string())?;
-            self.device
-                .unpack_reduce(buf, ro, &got, dtype, op)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-
-    /// Ring all-gather of the chunks, starting from chunk `(me + 1) % world` being final.
-    pub fn all_gather_ring(
-        &self,
-        buf: &mut D::Mem,
-        len: usize,
-        dtype: DType,
-        seq: u64,
-        step0: u32,
-    ) -> Result<(), String> {
-        let n = self.world;
-        let (right, left) = ((self.me + 1) % n, (self.me + n - 1) % n);
-        for step in 0..n.saturating_sub(1) {
-            let send_c = (self.me + 1 + n - step) % n;
-            let recv_c = (self.me + n - step) % n;
-            let (so, sl) = self.chunk(send_c, len, dtype);
-            let (ro, _) = self.chunk(recv_c, len, dtype);
-            let s = step0 + step as u32;
-            let payload = self.device.pack(buf, so, sl).map_err(|e| e.to_string())?;
-            block_on(
-                self.link(right)
-                    .send(self.tag(Collective::AllReduce, seq, s, so, dtype), payload),
-            )
-            .map_err(|e| e.to_string())?;
-            let got =
-                block_on(
-                    self.link(left)
-                        .recv(self.tag(Collective::AllReduce, seq, s, ro, dtype)),
-                )
-                .map_err(|e| e.to_string())?;
-            self.device
-                .unpack(buf, ro, &got)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-
-    /// Broadcast `buf[..len]` from `root` (the root sends to each rank directly).
-    pub fn broadcast(
-        &self,
-        buf: &mut D::Mem,
-        len: usize,
-        root: usize,
-        seq: u64,
-    ) -> Result<(), String> {
-        let tag = self.tag(Collective::Broadcast, seq, 0, 0, DType::U8);
-        if self.me == root {
-            for peer in (0..self.world).filter(|&p| p != root) {
-                let payload = self.device.pack(buf, 0, len).map_err(|e| e.to_string())?;
-                block_on(self.link(peer).send(tag, payload)).map_err(|e| e.to_string())?;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .engines
+                .iter()
+                .map(|e| {
+                    let tx = tx.clone();
+                    let f = &f;
+                    s.spawn(move || {
+                        let r = match std::panic::catch_unwind(AssertUnwindSafe(|| f(e))) {
+                            Ok(r) => r,
+                            Err(p) => Err(p
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "panicked".into())),
+                        };
+                        let _ = tx.send(r.is_ok());
+                        r
+                    })
+                })
+                .collect();
+            let mut timed_out = false;
+            for _ in 0..self.engines.len() {
+                match rx.recv_timeout(limit) {
+                    Ok(true) => {}
+                    Ok(false) => stop("a rank of the test failed"),
+                    Err(_) => {
+                        stop("test watchdog");
+                        timed_out = true;
+                        break;
+                    }
+                }
             }
-        } else {
-            let got = block_on(self.link(root).recv(tag)).map_err(|e| e.to_string())?;
-            self.device
-                .unpack(buf, 0, &got)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-
-    /// Reduce `buf[..len]` onto `root` (every rank sends to the root, which reduces in rank
-    /// order).
-    pub fn reduce(
-        &self,
-        buf: &mut D::Mem,
-        len: usize,
-        dtype: DType,
-        op: ReduceOp,
-        root: usize,
-        seq: u64,
-    ) -> Result<(), String> {
-        let tag = self.tag(Collective::Reduce, seq, 0, 0, dtype);
-        if self.me == root {
-            for peer in (0..self.world).filter(|&p| p != root) {
-                let got = block_on(self.link(peer).recv(tag)).map_err(|e| e.to_string())?;
-                self.device
-                    .unpack_reduce(buf, 0, &got, dtype, op)
-                    .map_err(|e| e.to_string())?;
+            let mut out = Vec::with_capacity(handles.len());
+            let mut failures = Vec::new();
+            for (r, h) in handles.into_iter().enumerate() {
+                match h.join() {
+                    Ok(Ok(v)) => out.push(v),
+                    Ok(Err(what)) => failures.push(format!("rank {r}: {what}")),
+                    Err(_) => failures.push(format!("rank {r}: panicked")),
+                }
             }
-        } else {
-            let payload = self.device.pack(buf, 0, len).map_err(|e| e.to_string())?;
-            block_on(self.link(root).send(tag, payload)).map_err(|e| e.to_string())?;
-        }
-        Ok(())
+            if timed_out {
+                failures.insert(
+                    0,
+                    format!(
+                        "a world of {} did not finish within {limit:?}",
+                        self.engines.len()
+                    ),
+                );
+            }
+            if failures.is_empty() {
+                Ok(out)
+            } else {
+                Err(failures.join("\n"))
+            }
+        })
+    }
+}
+
+/// A kernel holding a stream until released: work queued behind it waits (tests of the
+/// bounded and abortable waits).
+#[cfg(test)]
+pub(crate) struct Stall {
+    words: Option<crate::mapped::MappedHost>,
+    stream: Arc<cudarc::driver::CudaStream>,
+}
+
+#[cfg(test)]
+impl Stall {
+    pub(crate) fn on(
+        gpu: &Arc<Gpu>,
+        stream: &Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Stall, CudaError> {
+        let words = crate::mapped::MappedHost::new(gpu, 256)?;
+        // A wait for a flag nobody raises, ended by its abort word.
+        gpu.kernels.wait(
+            stream,
+            words.device_ptr(0),
+            1,
+            words.device_ptr(64),
+            words.device_ptr(128),
+            1,
+            words.device_ptr(192),
+        )?;
+        Ok(Stall {
+            words: Some(words),
+            stream: stream.clone(),
+        })
     }
 
-    /// All-gather: rank `r`'s `block` bytes at `out[r * block..]` on every rank (`out` holds
-    /// this rank's block in place already).
-    pub fn all_gather(&self, out: &mut D::Mem, block: usize, seq: u64) -> Result<(), String> {
-        for peer in (0..self.world).filter(|&p| p != self.me) {
-            let tag = self.tag(
-                Collective::AllGather,
-                seq,
-                self.me as u32,
-                self.me * block,
-                DType::U8,
-            );
-            let payload = self
-                .device
-                .pack(out, self.me * block, block)
-                .map_err(|e| e.to_string())?;
-            block_on(self.link(peer).send(tag, payload)).map_err(|e| e.to_string())?;
+    pub(crate) fn release(&self) {
+        if let Some(w) = &self.words {
+            w.store_u32(64, 1);
         }
-        for peer in (0..self.world).filter(|&p| p != self.me) {
-            let tag = self.tag(
-                Collective::AllGather,
-                seq,
-                peer as u32,
-                peer * block,
-                DType::U8,
-            );
-            let got = block_on(self.link(peer).recv(tag)).map_err(|e| e.to_string())?;
-            self.device
-                .unpack(out, peer * block, &got)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
     }
+}
 
-    /// All-to-all: block `p` of `send` goes to rank `p`, landing at block `me` of its `recv`.
-    pub fn all_to_all(
-        &self,
-        send: &D::Mem,
-        recv: &mut D::Mem,
-        block: usize,
-        seq: u64,
-    ) -> Result<(), String> {
-        for peer in (0..self.world).filter(|&p| p != self.me) {
-            let tag = self.tag(Collective::AllToAll, seq, 0, self.me * block, DType::U8);
-            let payload = self
-                .device
-                .pack(send, peer * block, block)
-                .map_err(|e| e.to_string())?;
-            block_on(self.link(peer).send(tag, payload)).map_err(|e| e.to_string())?;
+#[cfg(test)]
+impl Drop for Stall {
+    fn drop(&mut self) {
+        self.release();
+        let drained = crate::sync::drain(&[&self.stream], Duration::from_secs(10), "a stall");
+        if drained.is_err() {
+            // The kernel may still read its words.
+            std::mem::forget(self.words.take());
         }
-        self.device
-            .copy(recv, self.me * block, send, self.me * block, block)
-            .map_err(|e| e.to_string())?;
-        for peer in (0..self.world).filter(|&p| p != self.me) {
-            let tag = self.tag(Collective::AllToAll, seq, 0, peer * block, DType::U8);
-            let got = block_on(self.link(peer).recv(tag)).map_err(|e| e.to_string())?;
-            self.device
-                .unpack(recv, peer * block, &got)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
     }
 }

@@ -1,24 +1,46 @@
-//! GPU tests: the device on real device memory, collectives across ranks sharing one GPU
-//! (threads and processes), and abort of kernels blocked on an absent peer. Without a GPU
-//! each test returns after one line (per process) saying what was skipped and why.
+//! GPU tests: every collective of the engine (`Engine<CudaDevice, DeviceLink>`) x dtype x
+//! reduction on device memory, at 2 and 4 ranks sharing one GPU as threads and at 2 ranks in
+//! two processes (CUDA IPC); the device's arithmetic on device memory; and abort of an
+//! operation whose kernels wait on an absent peer. Without a GPU each test returns after one
+//! line (per process) saying what was skipped and why; the same matrix runs through the host
+//! engine in tests/matrix_host.rs.
 
-#![allow(clippy::unwrap_used)]
+// The timings printed are for whoever runs the device check.
+#![allow(clippy::unwrap_used, clippy::print_stderr)]
+
+mod common;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use chorus_cuda::local::{connect_all, peer_index};
-use chorus_cuda::testing::{Rank as R, gpu_or_skip};
-use chorus_cuda::{CudaDevice, CudaError, DeviceLink, LinkConfig, reference};
-use chorus_engine::device::Device;
+use chorus_cuda::testing::{GpuEngine, World, block_on, gpu_or_skip};
+use chorus_cuda::{CudaDevice, CudaError, DeviceLink, GpuBuffer, GpuMem, LinkConfig, reference};
 use chorus_engine::link::{CancelReason, Link};
-use chorus_protocol::{CloseCode, DType, Rank, ReduceOp};
+use chorus_engine::{AbortReason, Buffer, Context, Device, Engine, EngineConfig};
+use chorus_engine::{Reduction, device::DeviceError};
+use chorus_protocol::{CloseCode, Collective, DType, Rank, ReduceOp};
+use common::{Case, Rig, check, configs, every_case, input, large_cases, ring_exchange, sweep};
 use half::{bf16, f16};
 
+/// Bound on every staging copy and synchronisation.
 const T: Duration = Duration::from_secs(20);
+/// Bound on one world's run of the matrix.
+const LIMIT: Duration = Duration::from_secs(60);
 
-fn small_config() -> LinkConfig {
+impl Rig for CudaDevice {
+    fn load(&self, data: &[u8]) -> GpuBuffer {
+        let mut b = self.buffer(data.len()).unwrap();
+        self.upload(&mut b, 0, data, T).unwrap();
+        b
+    }
+    fn read(&self, mem: &GpuMem) -> Vec<u8> {
+        self.download(mem, 0, mem.len(), T).unwrap()
+    }
+}
+
+fn small_links() -> LinkConfig {
     // Small slots and only two, so payloads wrap around the slots many times.
     LinkConfig {
         slot_bytes: 64 << 10,
@@ -27,342 +49,299 @@ fn small_config() -> LinkConfig {
     }
 }
 
-/// Element `i` of rank `r`'s input: small integers, so every reduction order is exact.
-fn value(dtype: DType, op: ReduceOp, r: usize, i: usize) -> Vec<u8> {
-    let fp8 = matches!(dtype, DType::F8E4M3 | DType::F8E5M2);
-    let signed = dtype.is_float() || matches!(dtype, DType::I8 | DType::I32 | DType::I64);
-    let v: i64 = match op {
-        ReduceOp::Prod => 1 + ((i + r) % 2) as i64,
-        // fp8 has 2-3 mantissa bits: keep every partial sum of 4 ranks (doubled by
-        // PreMulSum) at most 8 in magnitude, where E5M2 is still exact.
-        _ if fp8 => ((i + r) % 3) as i64 - 1,
-        _ => ((i * 7 + r * 3) % 9) as i64 - if signed { 4 } else { 0 },
-    };
-    let f = v as f32;
-    match dtype {
-        DType::F32 => f.to_le_bytes().to_vec(),
-        DType::F64 => (v as f64).to_le_bytes().to_vec(),
-        DType::F16 => f16::from_f32(f).to_bits().to_le_bytes().to_vec(),
-        DType::BF16 => bf16::from_f32(f).to_bits().to_le_bytes().to_vec(),
-        DType::F8E4M3 => vec![reference::f32_to_e4m3(f)],
-        DType::F8E5M2 => vec![reference::f32_to_e5m2(f)],
-        DType::I8 => vec![v as i8 as u8],
-        DType::U8 => vec![v as u8],
-        DType::I32 => (v as i32).to_le_bytes().to_vec(),
-        DType::U32 => (v as u32).to_le_bytes().to_vec(),
-        DType::I64 => v.to_le_bytes().to_vec(),
-        DType::U64 => (v as u64).to_le_bytes().to_vec(),
-    }
+fn devices(n: usize) -> Option<Vec<CudaDevice>> {
+    let gpu = gpu_or_skip("GPU tests")?;
+    Some(
+        (0..n)
+            .map(|_| CudaDevice::on(gpu.clone()).unwrap())
+            .collect(),
+    )
 }
 
-fn input(dtype: DType, op: ReduceOp, r: usize, n: usize) -> Vec<u8> {
-    (0..n).flat_map(|i| value(dtype, op, r, i)).collect()
-}
-
-/// What an all-reduce of every rank's input gives.
-fn expected(dtype: DType, op: ReduceOp, world: usize, n: usize, scalar: f64) -> Vec<u8> {
-    let base = if matches!(op, ReduceOp::Avg | ReduceOp::PreMulSum) {
-        ReduceOp::Sum
-    } else {
-        op
+/// Every collective x dtype x reduction under every algorithm, large payloads and grouped
+/// send/receive, at `n` ranks on one GPU.
+fn matrix(n: usize) {
+    let Some(devices) = devices(n) else {
+        return;
     };
-    let prep = |mut v: Vec<u8>| {
-        if op == ReduceOp::PreMulSum {
-            reference::scale(dtype, &mut v, scalar);
+    let root = Context::root();
+    let cases = every_case(n as u32);
+    let started = Instant::now();
+    for config in configs() {
+        let world = World::new(&devices, &small_links(), &config, &root).unwrap();
+        if let Err(e) = world.run(LIMIT, |e| sweep(e, &cases)) {
+            panic!("{:?}: {e}", config.overrides);
         }
-        v
-    };
-    let mut acc = prep(input(dtype, op, 0, n));
-    for r in 1..world {
-        reference::reduce(dtype, base, &mut acc, &prep(input(dtype, op, r, n)));
     }
-    if op == ReduceOp::Avg {
-        reference::scale(dtype, &mut acc, 1.0 / world as f64);
+    let world = World::new(&devices, &small_links(), &EngineConfig::default(), &root).unwrap();
+    let large = large_cases(n as u32);
+    world
+        .run(LIMIT, |e| {
+            sweep(e, &large)?;
+            ring_exchange(e, 500)
+        })
+        .unwrap();
+    drop(world);
+    for d in &devices {
+        d.synchronize(T).unwrap();
     }
-    acc
+    eprintln!(
+        "{} operations per rank at {n} ranks in {:?}",
+        cases.len() * configs().len() + large.len() + 8,
+        started.elapsed()
+    );
 }
 
 #[test]
-fn every_reduction_and_scale_matches_the_reference_on_device_memory() {
-    let Some(gpu) = gpu_or_skip("GPU tests") else {
+fn every_collective_dtype_and_reduction_at_2_ranks_on_one_gpu() {
+    matrix(2);
+}
+
+#[test]
+fn every_collective_dtype_and_reduction_at_4_ranks_on_one_gpu() {
+    matrix(4);
+}
+
+/// Random finite values of `dtype`, with some near the top of the narrow floats' range so
+/// that saturation (E4M3) and overflow to infinity (E5M2, f16) are exercised.
+fn data(dtype: DType, n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        x >> 11
+    };
+    let mut out = Vec::with_capacity(n * dtype.size());
+    for i in 0..n {
+        let r = next();
+        let f = if i % 50 == 7 {
+            [300.0, -420.0, 40_000.0, -60_000.0][(r % 4) as usize]
+        } else {
+            (r % 2001) as f32 / 100.0 - 10.0
+        };
+        match dtype {
+            DType::F32 => out.extend(f.to_le_bytes()),
+            DType::F64 => out.extend((f as f64 * 1.000001).to_le_bytes()),
+            DType::F16 => out.extend(f16::from_f32(f).to_bits().to_le_bytes()),
+            DType::BF16 => out.extend(bf16::from_f32(f).to_bits().to_le_bytes()),
+            DType::F8E4M3 => out.push(reference::f32_to_e4m3(f)),
+            DType::F8E5M2 => out.push(reference::f32_to_e5m2(f)),
+            _ => out.extend_from_slice(&r.to_le_bytes()[..dtype.size()]),
+        }
+    }
+    out
+}
+
+#[test]
+fn every_reduction_scale_and_divide_matches_the_reference_on_device_memory() {
+    let Some(devices) = devices(1) else {
         return;
     };
-    let dev = CudaDevice::on(gpu).unwrap();
+    let dev = &devices[0];
+    let n = 4099;
     for dtype in DType::ALL {
-        let n = 4099;
         for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
-            let (a, b) = (input(dtype, op, 0, n), input(dtype, op, 1, n));
-            let mut da = dev.buffer(a.len()).unwrap();
-            let mut db = dev.buffer(b.len()).unwrap();
-            dev.upload(&mut da, 0, &a, T).unwrap();
-            dev.upload(&mut db, 0, &b, T).unwrap();
+            let (a, b) = (data(dtype, n, 1), data(dtype, n, 2));
+            let mut da = dev.load(&a);
+            let db = dev.load(&b);
             dev.reduce(&mut da, 0, &db, 0, a.len(), dtype, op).unwrap();
-            let got = dev.download(&da, 0, a.len(), T).unwrap();
             let mut want = a.clone();
             reference::reduce(dtype, op, &mut want, &b);
-            assert_eq!(got, want, "{op} over {dtype}");
+            assert_eq!(dev.read(&da), want, "{op} over {dtype}");
         }
-        for factor in [0.5, 1.0 / 3.0, -2.0] {
-            let a = input(dtype, ReduceOp::Sum, 2, n);
-            let mut da = dev.buffer(a.len()).unwrap();
-            dev.upload(&mut da, 0, &a, T).unwrap();
+        for factor in [0.5, 1.0 / 3.0, -2.0, 3.0, 1e19] {
+            let a = data(dtype, n, 3);
+            let mut da = dev.load(&a);
             dev.scale(&mut da, 0, a.len(), dtype, factor).unwrap();
             let mut want = a.clone();
             reference::scale(dtype, &mut want, factor);
-            assert_eq!(
-                dev.download(&da, 0, a.len(), T).unwrap(),
-                want,
-                "scale {dtype} by {factor}"
-            );
+            assert_eq!(dev.read(&da), want, "scale {dtype} by {factor}");
+        }
+        for divisor in [1u32, 2, 3, 4, 7, 1000] {
+            let a = data(dtype, n, 4);
+            let mut da = dev.load(&a);
+            dev.divide(&mut da, 0, a.len(), dtype, divisor).unwrap();
+            let mut want = a.clone();
+            reference::divide(dtype, &mut want, divisor);
+            assert_eq!(dev.read(&da), want, "divide {dtype} by {divisor}");
         }
     }
     // Packing, unpacking, overlapping copies, and the errors of bad regions.
-    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 31 % 251) as u8).collect();
-    let mut m = dev.buffer(data.len()).unwrap();
-    dev.upload(&mut m, 0, &data, T).unwrap();
+    let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    let mut m = dev.load(&bytes);
     let p = dev.pack(&m, 100, 5000).unwrap();
     let mut out = dev.buffer(6000).unwrap();
     dev.unpack(&mut out, 1000, &p).unwrap();
-    assert_eq!(dev.download(&out, 1000, 5000, T).unwrap(), data[100..5100]);
+    assert_eq!(dev.download(&out, 1000, 5000, T).unwrap(), bytes[100..5100]);
     dev.copy_within(&mut m, 0, 10, 5000).unwrap();
-    let got = dev.download(&m, 0, data.len(), T).unwrap();
-    assert_eq!(got[10..5010], data[..5000]);
-    assert!(
-        dev.unpack(&mut out, 2000, &p).is_err(),
-        "payload past the end"
-    );
-    assert!(
-        dev.reduce(&mut m, 0, &out, 0, 6, DType::F32, ReduceOp::Sum)
-            .is_err(),
-        "misaligned"
-    );
-    assert!(
-        dev.reduce(&mut m, 0, &out, 0, 8, DType::F32, ReduceOp::Avg)
-            .is_err(),
-        "avg has no kernel"
-    );
+    assert_eq!(dev.read(&m)[10..5010], bytes[..5000]);
+    assert!(matches!(
+        dev.unpack(&mut out, 2000, &p),
+        Err(DeviceError::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        dev.reduce(&mut m, 0, &out, 0, 6, DType::F32, ReduceOp::Sum),
+        Err(DeviceError::Misaligned { .. })
+    ));
+    assert!(matches!(
+        dev.reduce(&mut m, 0, &out, 0, 8, DType::F32, ReduceOp::Avg),
+        Err(DeviceError::Unsupported { .. })
+    ));
+    dev.settle(&Context::root()).unwrap();
     dev.synchronize(T).unwrap();
 }
 
-fn run_collectives(world: usize) {
-    let Some(gpu) = gpu_or_skip("GPU tests") else {
+#[test]
+fn abort_retires_the_kernels_of_an_operation_blocked_on_an_absent_peer() {
+    let Some(devices) = devices(2) else {
         return;
     };
-    let devices: Vec<CudaDevice> = (0..world)
-        .map(|_| CudaDevice::on(gpu.clone()).unwrap())
-        .collect();
-    let links = connect_all(&devices, &small_config()).unwrap();
-    std::thread::scope(|s| {
-        for (me, (dev, row)) in devices.iter().zip(&links).enumerate() {
-            s.spawn(move || {
-                let rank = R {
-                    device: dev,
-                    links: row,
-                    me,
-                    world,
-                };
-                let mut seq = 0u64;
-                for dtype in DType::ALL {
-                    for op in ReduceOp::ALL {
-                        for n in [1usize, 1000, 66_000] {
-                            seq += 1;
-                            let data = input(dtype, op, me, n);
-                            let mut buf = dev.buffer(data.len()).unwrap();
-                            dev.upload(&mut buf, 0, &data, T).unwrap();
-                            rank.all_reduce(&mut buf, data.len(), dtype, op, 2.0, seq)
-                                .unwrap();
-                            dev.synchronize(T).unwrap();
-                            let got = dev.download(&buf, 0, data.len(), T).unwrap();
-                            assert_eq!(
-                                got,
-                                expected(dtype, op, world, n, 2.0),
-                                "all-reduce {op} {dtype} n={n} world={world} rank {me}"
-                            );
-                        }
-                    }
-                    // Reduce onto the last rank.
-                    seq += 1;
-                    let data = input(dtype, ReduceOp::Max, me, 777);
-                    let mut buf = dev.buffer(data.len()).unwrap();
-                    dev.upload(&mut buf, 0, &data, T).unwrap();
-                    rank.reduce(&mut buf, data.len(), dtype, ReduceOp::Max, world - 1, seq)
-                        .unwrap();
-                    dev.synchronize(T).unwrap();
-                    if me == world - 1 {
-                        let got = dev.download(&buf, 0, data.len(), T).unwrap();
-                        assert_eq!(
-                            got,
-                            expected(dtype, ReduceOp::Max, world, 777, 1.0),
-                            "reduce {dtype}"
-                        );
-                    }
-                }
-                // Broadcast moves bytes from rank 1 to everyone.
-                let block = 100_003;
-                let mine: Vec<u8> = (0..block).map(|i| (i * 13 + me * 101) as u8).collect();
-                let mut b = dev.buffer(block).unwrap();
-                dev.upload(&mut b, 0, &mine, T).unwrap();
-                rank.broadcast(&mut b, block, 1, 9001).unwrap();
-                dev.synchronize(T).unwrap();
-                let from1: Vec<u8> = (0..block).map(|i| (i * 13 + 101) as u8).collect();
-                assert_eq!(dev.download(&b, 0, block, T).unwrap(), from1, "broadcast");
-            });
+    let root = Context::root();
+    let world = World::new(&devices, &small_links(), &EngineConfig::default(), &root).unwrap();
+    // Rank 1 never joins, and its link stops taking messages, as a frozen process would:
+    // rank 0's kernels that wait for free slots on it wait for ever.
+    world.link(1, 0).freeze_for_test();
+    let e0 = &world.engines[0];
+    let l0 = world.link(0, 1);
+    let count = 1 << 20;
+    let mut buf = devices[0].buffer(count).unwrap();
+    let (done, result) = std::thread::scope(|s| {
+        let op = s.spawn(|| {
+            let r = block_on(e0.broadcast(Buffer::InPlace(&mut buf), count, DType::U8, Rank(0)));
+            (Instant::now(), r)
+        });
+        // Blocked on the host (flow control) and on the device (slots full).
+        let t = Instant::now();
+        while e0.running().first().and_then(|o| o.snapshot().waiting_on) != Some(Rank(1))
+            || l0.flush(Duration::from_micros(1)).is_ok()
+        {
+            assert!(t.elapsed() < T, "the operation never blocked");
+            std::thread::sleep(Duration::from_millis(1));
         }
+        std::thread::sleep(Duration::from_millis(20));
+        // A bounded synchronisation reports the blocked work instead of hanging.
+        let t = Instant::now();
+        let err = devices[0]
+            .synchronize(Duration::from_millis(100))
+            .unwrap_err();
+        assert!(matches!(err, CudaError::Timeout { .. }), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        e0.context().abort(AbortReason::requested("test abort"));
+        let aborted = Instant::now();
+        let (done, result) = op.join().unwrap();
+        (done.saturating_duration_since(aborted), result)
     });
-    drop(links);
+    let err = result.unwrap_err();
+    assert_eq!(
+        err.abort_reason(),
+        Some(&AbortReason::requested("test abort")),
+        "{err}"
+    );
+    assert!(done < Duration::from_millis(200), "the abort took {done:?}");
+    // The runtime cancels the communicator's links on abort: the waiting kernel returns
+    // within a millisecond (it records its retirement as it returns), and the work queued
+    // behind it drains.
+    assert!(l0.flush(Duration::from_micros(1)).is_err(), "still blocked");
+    assert_eq!(l0.retired().0, 0);
+    let t0 = Instant::now();
+    l0.cancel(CancelReason::new(CloseCode::ABORTED, "test abort"));
+    while l0.retired().0 == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "abort did not retire the kernel"
+        );
+        std::hint::spin_loop();
+    }
+    let retire = t0.elapsed();
+    l0.flush(T).unwrap();
+    let drained = t0.elapsed();
+    eprintln!("abort retired the blocked kernel in {retire:?}; its stream drained in {drained:?}");
+    assert!(
+        retire < Duration::from_millis(1),
+        "retiring took {retire:?}"
+    );
+    // The device's work is an error, never a silent success.
+    let err = devices[0].synchronize(T).unwrap_err();
+    assert!(matches!(err, CudaError::Aborted { .. }), "{err}");
+    world.cancel_links("test over");
+    drop(buf);
+    drop(world);
+    // A new communicator on the same context works.
+    let world = World::new(&devices, &small_links(), &EngineConfig::default(), &root).unwrap();
+    let case = Case {
+        id: 77,
+        collective: Collective::AllReduce,
+        dtype: DType::F32,
+        reduction: Reduction::Sum,
+        count: 50_000,
+        in_place: true,
+        root: 0,
+    };
+    world.run(LIMIT, |e| check(e, &case)).unwrap();
+    drop(world);
     for d in &devices {
         d.synchronize(T).unwrap();
     }
 }
 
-#[test]
-fn collectives_are_correct_at_2_ranks_on_one_gpu() {
-    run_collectives(2);
+/// The cases the two processes run (rank 0 in the test, rank 1 in the child).
+fn ipc_cases() -> Vec<Case> {
+    [
+        (Collective::AllReduce, DType::BF16, Reduction::Sum, 300_001),
+        (Collective::AllReduce, DType::I32, Reduction::Avg, 70_001),
+        (Collective::Broadcast, DType::U8, Reduction::Sum, 1 << 20),
+        (Collective::ReduceScatter, DType::F32, Reduction::Max, 9_999),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, (collective, dtype, reduction, count))| Case {
+        id: 900 + i as u64,
+        collective,
+        dtype,
+        reduction,
+        count,
+        in_place: i % 2 == 1,
+        root: 1,
+    })
+    .collect()
 }
 
-#[test]
-fn collectives_are_correct_at_4_ranks_on_one_gpu() {
-    run_collectives(4);
-}
-
-#[test]
-fn all_gather_and_all_to_all_place_every_block() {
-    let Some(gpu) = gpu_or_skip("GPU tests") else {
-        return;
-    };
-    let world = 3;
-    let devices: Vec<CudaDevice> = (0..world)
-        .map(|_| CudaDevice::on(gpu.clone()).unwrap())
-        .collect();
-    let links = connect_all(&devices, &small_config()).unwrap();
-    let block = 70_001;
-    let blockof = |r: usize, salt: usize| -> Vec<u8> {
-        (0..block).map(|i| (i * 7 + r * 31 + salt) as u8).collect()
-    };
+fn ipc_rank(dev: CudaDevice, me: u32, link: DeviceLink) {
+    let link = Arc::new(link);
+    let engine: GpuEngine = Engine::new(
+        Rank(me),
+        2,
+        [link.clone()],
+        Arc::new(dev),
+        &Context::root(),
+        EngineConfig::default(),
+    )
+    .unwrap();
+    let (done, finished) = mpsc::channel::<()>();
     std::thread::scope(|s| {
-        for (me, (dev, row)) in devices.iter().zip(&links).enumerate() {
-            s.spawn(move || {
-                let rank = R {
-                    device: dev,
-                    links: row,
-                    me,
-                    world,
-                };
-                let mut all = dev.buffer(block * world).unwrap();
-                dev.upload(&mut all, me * block, &blockof(me, 0), T)
-                    .unwrap();
-                rank.all_gather(&mut all, block, 1).unwrap();
-                dev.synchronize(T).unwrap();
-                let want: Vec<u8> = (0..world).flat_map(|r| blockof(r, 0)).collect();
-                assert_eq!(
-                    dev.download(&all, 0, block * world, T).unwrap(),
-                    want,
-                    "all-gather at {me}"
-                );
-                // send block p = blockof(me, p + 1); rank p receives it at block `me`.
-                let mut send = dev.buffer(block * world).unwrap();
-                for p in 0..world {
-                    dev.upload(&mut send, p * block, &blockof(me, p + 1), T)
-                        .unwrap();
-                }
-                let mut recv = dev.buffer(block * world).unwrap();
-                rank.all_to_all(&send, &mut recv, block, 2).unwrap();
-                dev.synchronize(T).unwrap();
-                let want: Vec<u8> = (0..world).flat_map(|src| blockof(src, me + 1)).collect();
-                assert_eq!(
-                    dev.download(&recv, 0, block * world, T).unwrap(),
-                    want,
-                    "all-to-all at {me}"
-                );
-            });
+        // A peer that never comes must not leave this rank waiting: abort as the runtime
+        // would.
+        let (engine, link) = (&engine, &link);
+        s.spawn(move || {
+            if finished.recv_timeout(LIMIT).is_err() {
+                engine
+                    .context()
+                    .abort(AbortReason::requested("ipc watchdog"));
+                link.cancel(CancelReason::new(CloseCode::ABORTED, "ipc watchdog"));
+            }
+        });
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for case in ipc_cases() {
+                check(engine, &case).unwrap();
+            }
+            ring_exchange(engine, 700).unwrap();
+        }));
+        let _ = done.send(());
+        if let Err(p) = r {
+            std::panic::resume_unwind(p);
         }
     });
-}
-
-#[test]
-fn abort_retires_a_kernel_blocked_on_an_absent_peer_and_the_context_lives_on() {
-    let Some(gpu) = gpu_or_skip("GPU tests") else {
-        return;
-    };
-    let devices: Vec<CudaDevice> = (0..2)
-        .map(|_| CudaDevice::on(gpu.clone()).unwrap())
-        .collect();
-    let links = connect_all(&devices, &small_config()).unwrap();
-    let (l0, l1) = (&links[0][0], &links[1][0]);
-    l1.freeze_for_test();
-    // More sends than slots: the third waits for a peer that never takes the first.
-    let src = devices[0].buffer(64 << 10).unwrap();
-    for step in 0..3 {
-        let p = devices[0].pack(&src, 0, 64 << 10).unwrap();
-        chorus_cuda::testing::block_on(l0.send(tag(step), p)).unwrap();
-    }
-    // A bounded synchronisation reports the blocked work instead of hanging.
-    let start = Instant::now();
-    let err = devices[0]
-        .synchronize(Duration::from_millis(100))
-        .unwrap_err();
-    assert!(matches!(err, CudaError::Timeout { .. }), "{err}");
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "the timeout took {:?}",
-        start.elapsed()
-    );
-    // Abort: the waiting kernel returns within a millisecond.
-    let t0 = Instant::now();
-    l0.cancel(CancelReason::new(CloseCode::ABORTED, "test abort"));
-    while l0.flush(Duration::from_micros(50)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(1),
-            "abort did not retire the kernel"
-        );
-    }
-    let retire = t0.elapsed();
-    eprintln!("abort retired the blocked kernel in {retire:?}");
-    assert!(
-        retire < Duration::from_millis(1),
-        "retiring took {retire:?}"
-    );
-    assert!(l0.retired().0 > 0, "the wait should record its abort");
-    // The operation is an error, never a silent success.
-    let err = devices[0].synchronize(T).unwrap_err();
-    assert!(matches!(err, CudaError::Aborted { .. }), "{err}");
-    l1.cancel(CancelReason::new(CloseCode::ABORTED, "test abort"));
-    drop(links);
-    // A new communicator on the same context works.
-    let links = connect_all(&devices, &small_config()).unwrap();
-    std::thread::scope(|s| {
-        for (me, (dev, row)) in devices.iter().zip(&links).enumerate() {
-            s.spawn(move || {
-                let rank = R {
-                    device: dev,
-                    links: row,
-                    me,
-                    world: 2,
-                };
-                let data = input(DType::F32, ReduceOp::Sum, me, 50_000);
-                let mut buf = dev.buffer(data.len()).unwrap();
-                dev.upload(&mut buf, 0, &data, T).unwrap();
-                rank.all_reduce(&mut buf, data.len(), DType::F32, ReduceOp::Sum, 1.0, 1)
-                    .unwrap();
-                dev.synchronize(T).unwrap();
-                assert_eq!(
-                    dev.download(&buf, 0, data.len(), T).unwrap(),
-                    expected(DType::F32, ReduceOp::Sum, 2, 50_000, 1.0)
-                );
-            });
-        }
-    });
-    let _ = peer_index(0, 1);
-}
-
-fn tag(step: u32) -> chorus_engine::link::Tag {
-    chorus_engine::link::Tag {
-        collective: chorus_protocol::Collective::SendRecv,
-        op: chorus_protocol::OpSeq(1),
-        step,
-        offset: 0,
-        dtype: DType::U8,
-    }
 }
 
 /// The child half of `ranks_in_two_processes_share_the_gpu_through_ipc`; inert otherwise.
@@ -373,28 +352,8 @@ fn ipc_child() {
     };
     let dev = CudaDevice::new(0).unwrap();
     let socket = UnixStream::connect(path).unwrap();
-    let link = DeviceLink::connect(&dev, Rank(1), Rank(0), socket, &small_config()).unwrap();
-    ipc_all_reduce(&dev, link, 1);
-}
-
-fn ipc_all_reduce(dev: &CudaDevice, link: DeviceLink, me: usize) {
-    let links = [link];
-    let rank = R {
-        device: dev,
-        links: &links,
-        me,
-        world: 2,
-    };
-    let data = input(DType::BF16, ReduceOp::Sum, me, 300_001);
-    let mut buf = dev.buffer(data.len()).unwrap();
-    dev.upload(&mut buf, 0, &data, T).unwrap();
-    rank.all_reduce(&mut buf, data.len(), DType::BF16, ReduceOp::Sum, 1.0, 1)
-        .unwrap();
-    dev.synchronize(T).unwrap();
-    assert_eq!(
-        dev.download(&buf, 0, data.len(), T).unwrap(),
-        expected(DType::BF16, ReduceOp::Sum, 2, 300_001, 1.0)
-    );
+    let link = DeviceLink::connect(&dev, Rank(1), Rank(0), socket, &small_links()).unwrap();
+    ipc_rank(dev, 1, link);
 }
 
 #[test]
@@ -402,7 +361,7 @@ fn ranks_in_two_processes_share_the_gpu_through_ipc() {
     if std::env::var("CHORUS_CUDA_IPC_SOCKET").is_ok() {
         return;
     }
-    let Some(gpu) = gpu_or_skip("GPU tests") else {
+    let Some(devices) = devices(1) else {
         return;
     };
     let dir = std::env::temp_dir().join(format!("chorus-ipc-{}", std::process::id()));
@@ -433,21 +392,36 @@ fn ranks_in_two_processes_share_the_gpu_through_ipc() {
         }
     };
     socket.set_nonblocking(false).unwrap();
-    let dev = CudaDevice::on(gpu).unwrap();
-    let link = DeviceLink::connect(&dev, Rank(0), Rank(1), socket, &small_config()).unwrap();
-    ipc_all_reduce(&dev, link, 0);
-    // The child exits on its own; it is killed if it does not within the deadline.
+    let dev = devices[0].clone();
+    let link = DeviceLink::connect(&dev, Rank(0), Rank(1), socket, &small_links()).unwrap();
+    // The child is killed if it has not exited by the deadline, whatever happens here.
+    let here = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ipc_rank(dev, 0, link)));
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
-            break s;
+            break Some(s);
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("the child did not exit");
+            break None;
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    assert!(status.success(), "child failed: {status}");
     let _ = std::fs::remove_dir_all(&dir);
+    if let Err(p) = here {
+        std::panic::resume_unwind(p);
+    }
+    let status = status.expect("the child did not exit");
+    assert!(status.success(), "child failed: {status}");
+}
+
+#[test]
+fn the_inputs_are_what_the_matrix_says() {
+    // Runs everywhere: the GPU tests above lean on these.
+    assert_eq!(input(1, 0, 0, 4, DType::F32, Reduction::Sum).len(), 16);
+    let a = input(1, 0, 0, 64, DType::F8E5M2, Reduction::Prod);
+    assert!(
+        a.iter()
+            .all(|&b| [-1.0f32, 1.0, 2.0].contains(&reference::e5m2_to_f32(b)))
+    );
 }

@@ -1,7 +1,9 @@
 //! The kernel sources of `kernels/`, compiled as plain C++ and run on the CPU, against the
 //! host reference (`chorus_cuda::reference`) — bit for bit. This is how the arithmetic of the
-//! kernels (conversions, every reduction and scale, the copy's vector and tail paths) is
-//! checked on machines without a GPU; `kernels/check.sh` checks the same on the device.
+//! kernels (conversions, every reduction, scale and divide, the copy's vector and tail paths)
+//! and the device links' abort records and guards (what a retired wait writes, which puts,
+//! signals and forwards it stops) are checked on machines without a GPU; `kernels/check.sh`
+//! checks the same on the device.
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +12,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use chorus_cuda::reference;
-use chorus_cuda::source::{reduce_kernel, scale_kernel};
+use chorus_cuda::source::{divide_kernel, reduce_kernel, scale_kernel};
 use chorus_protocol::{DType, ReduceOp};
 use half::{bf16, f16};
 
@@ -60,13 +62,24 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn run(args: &[&str]) {
-    let Some(h) = harness() else { return };
+    words(args);
+}
+
+/// Run the harness; the numbers it prints.
+fn words(args: &[&str]) -> Vec<u64> {
+    let Some(h) = harness() else {
+        return Vec::new();
+    };
     let out = Command::new(h).args(args).output().expect("run harness");
     assert!(
         out.status.success(),
         "harness {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|w| w.parse().unwrap())
+        .collect()
 }
 
 /// A deterministic generator (the tests must fail the same way twice).
@@ -293,16 +306,20 @@ fn every_scale_matches_the_reference() {
     }
     let mut rng = Lcg(5);
     for dtype in DType::ALL {
-        for factor in [0.25, 1.0 / 3.0, 1.0, 1.5, -2.0, 1e30] {
+        for factor in [0.25, 1.0 / 3.0, 1.0, 1.5, -2.0, 3.0, 1e30, 1e19, f64::NAN] {
             let n = 301;
-            let mem = data(dtype, n, &mut rng);
+            let mut mem = data(dtype, n, &mut rng);
+            if !dtype.is_float() {
+                // Whole-range integers, so exact multiplies wrap and fractional ones saturate.
+                mem = (0..n * dtype.size()).map(|_| rng.next() as u8).collect();
+            }
             let name = scale_kernel(dtype);
             let (i, o) = (scratch(&format!("{name}.i")), scratch(&format!("{name}.o")));
             std::fs::write(&i, &mem).unwrap();
-            let divisor = if dtype.is_float() {
-                0
-            } else {
-                reference::int_divisor(factor).unwrap_or(0)
+            // As the device launches it (kernels.rs).
+            let (multiplier, exact) = match reference::int_multiplier(factor) {
+                Some(m) => (m as u64, 1),
+                None => (0, 0),
             };
             run(&[
                 "scale",
@@ -310,7 +327,8 @@ fn every_scale_matches_the_reference() {
                 &dtype.size().to_string(),
                 &n.to_string(),
                 &format!("{factor:e}"),
-                &divisor.to_string(),
+                &multiplier.to_string(),
+                &exact.to_string(),
                 i.to_str().unwrap(),
                 o.to_str().unwrap(),
             ]);
@@ -318,6 +336,40 @@ fn every_scale_matches_the_reference() {
             let mut want = mem.clone();
             reference::scale(dtype, &mut want, factor);
             assert_eq!(got, want, "{name} by {factor}");
+        }
+    }
+}
+
+#[test]
+fn every_divide_matches_the_reference() {
+    if harness().is_none() {
+        return;
+    }
+    let mut rng = Lcg(13);
+    for dtype in DType::ALL {
+        for divisor in [1u32, 2, 3, 4, 7, 8, 1000, u32::MAX] {
+            let n = 301;
+            let mem: Vec<u8> = if dtype.is_float() {
+                data(dtype, n, &mut rng)
+            } else {
+                (0..n * dtype.size()).map(|_| rng.next() as u8).collect()
+            };
+            let name = divide_kernel(dtype);
+            let (i, o) = (scratch(&format!("{name}.i")), scratch(&format!("{name}.o")));
+            std::fs::write(&i, &mem).unwrap();
+            run(&[
+                "divide",
+                &name,
+                &dtype.size().to_string(),
+                &n.to_string(),
+                &divisor.to_string(),
+                i.to_str().unwrap(),
+                o.to_str().unwrap(),
+            ]);
+            let got = std::fs::read(&o).unwrap();
+            let mut want = mem.clone();
+            reference::divide(dtype, &mut want, divisor);
+            assert_eq!(got, want, "{name} by {divisor}");
         }
     }
 }
@@ -352,4 +404,83 @@ fn copies_are_exact_for_every_alignment_and_tail() {
             "copy of {bytes} at {dst_off}/{src_off}"
         );
     }
+}
+
+#[test]
+fn a_wait_lets_data_that_arrived_win_and_records_only_the_first_retirement() {
+    if harness().is_none() {
+        return;
+    }
+    // (flag, target, abort, retired, retired_dev, generation) -> (retired, retired_dev)
+    let wait = |f: u64, t: u64, a: u64, r: u64, d: u64, g: u64| {
+        words(&[
+            "wait",
+            &f.to_string(),
+            &t.to_string(),
+            &a.to_string(),
+            &r.to_string(),
+            &d.to_string(),
+            &g.to_string(),
+        ])
+    };
+    assert_eq!(wait(5, 5, 0, 0, 0, 5), [0, 0], "the data is there");
+    assert_eq!(
+        wait(9, 5, 1, 0, 0, 5),
+        [0, 0],
+        "there before the abort: data"
+    );
+    assert_eq!(wait(4, 5, 1, 0, 0, 5), [5, 5], "retired: recorded");
+    assert_eq!(wait(4, 8, 1, 5, 5, 8), [5, 5], "only the first is kept");
+}
+
+#[test]
+fn a_retired_send_stops_its_puts_and_signals() {
+    if harness().is_none() {
+        return;
+    }
+    let src: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8 | 1).collect();
+    let (i, o) = (scratch("put.i"), scratch("put.o"));
+    std::fs::write(&i, &src).unwrap();
+    let put = |skip: u64| {
+        run(&[
+            "put",
+            "1000",
+            &skip.to_string(),
+            i.to_str().unwrap(),
+            o.to_str().unwrap(),
+        ]);
+        std::fs::read(&o).unwrap()
+    };
+    assert_eq!(put(0), src, "not skipped: copied");
+    assert_eq!(put(3), vec![0u8; 1000], "skipped: the slot is left alone");
+    assert_eq!(words(&["signal", "4", "5", "null"]), [5]);
+    assert_eq!(words(&["signal", "4", "5", "0"]), [5]);
+    assert_eq!(words(&["signal", "4", "5", "3"]), [4], "skipped");
+}
+
+#[test]
+fn a_gate_stops_forwarding_only_payloads_an_abort_reached() {
+    if harness().is_none() {
+        return;
+    }
+    let gate = |skip: u64, taint: u64, last: u64| {
+        words(&[
+            "gate",
+            &skip.to_string(),
+            &taint.to_string(),
+            &last.to_string(),
+        ])
+    };
+    assert_eq!(gate(0, 0, 9), [0], "nothing retired on the way in");
+    assert_eq!(
+        gate(0, 5, 4),
+        [0],
+        "the payload arrived before the retirement"
+    );
+    assert_eq!(gate(0, 5, 5), [5], "spoiled: the link stops sending");
+    assert_eq!(
+        gate(2, 5, 9),
+        [2],
+        "already stopped: the first record stays"
+    );
 }

@@ -12,6 +12,8 @@ use std::ops::DerefMut;
 
 use chorus_protocol::{DType, ReduceOp};
 
+use crate::context::Context;
+
 /// Memory and arithmetic for one rank.
 pub trait Device: Send + Sync + 'static {
     /// Memory as the engine borrows it (`[u8]` on the host).
@@ -113,6 +115,21 @@ pub trait Device: Send + Sync + 'static {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), DeviceError>;
+
+    /// Wait until the work this rank's device calls have queued is done, or say why it
+    /// cannot be. The engine calls it once at the end of every operation whose sends and
+    /// receives all succeeded, and reports `Ok` only if it returns `Ok`: a device that queues
+    /// work (GPU streams) must not let a caller read or free a buffer that is still being
+    /// written, nor call data good that a retired device wait left partial.
+    ///
+    /// `op` is the operation's context. The wait must be bounded, and should end promptly
+    /// once `op` is aborted (the engine then reports the abort, not this error). The host
+    /// device finishes every call before it returns, so the default does nothing. A failed
+    /// operation is reported without settling: its queued work ends with its links.
+    fn settle(&self, op: &Context) -> Result<(), DeviceError> {
+        let _ = op;
+        Ok(())
+    }
 }
 
 /// Why a device operation failed.

@@ -565,7 +565,8 @@ where
         );
         run.check_aborted()?;
         collective::execute(&mut run, progress.algorithm(), op).await?;
-        run.finish().await
+        run.finish().await?;
+        run.settle()
     }
 
     fn complete(&self, p: &Prepared, result: Result<(), OpError>) -> Result<(), OpError> {

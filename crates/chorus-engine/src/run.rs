@@ -404,6 +404,16 @@ where
         Ok(())
     }
 
+    /// Wait for the device to finish the operation's queued work ([`Device::settle`]). If
+    /// the context was aborted meanwhile, the abort is the error, whatever the device says.
+    pub(crate) fn settle(&self) -> Result<(), OpError> {
+        let ctx = self.progress.context();
+        self.dev.settle(ctx).map_err(|e| match ctx.reason() {
+            Some(reason) => self.error(OpErrorKind::Aborted(reason)),
+            None => self.device(e),
+        })
+    }
+
     /// An empty payload (barrier tokens, credits).
     pub(crate) fn empty(&self) -> Result<D::Payload, OpError> {
         self.dev.pack(self.token, 0, 0).map_err(|e| self.device(e))

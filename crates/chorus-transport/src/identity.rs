@@ -15,6 +15,14 @@ use crate::error::TransportError;
 pub struct Fingerprint(pub [u8; 32]);
 
 impl Fingerprint {
+    /// "Any certificate": for a bootstrap root whose certificate nobody could know in
+    /// advance (a launch environment without a token, such as torchrun's `MASTER_ADDR`).
+    /// TLS still checks that the handshake is signed by the presented certificate's key,
+    /// and the protocol's handshake proof, bound to this TLS session (SPEC 5.4), is what
+    /// authenticates the peer: a machine-in-the-middle without the job secret cannot answer
+    /// it, and cannot relay it either, since each TLS session exports different bytes.
+    pub const ANY: Fingerprint = Fingerprint([0; 32]);
+
     /// The fingerprint of `der`.
     pub fn of(der: &[u8]) -> Self {
         Self(Sha256::digest(der).into())

@@ -155,19 +155,21 @@ async fn the_control_channel_carries_messages_and_closes_with_codes() {
     assert_eq!(y.role(), Role::Member);
     let y = y.into_control();
     for seq in 0..100 {
-        x.send(Message::Heartbeat(Heartbeat { seq })).await.unwrap();
+        x.send(Message::Heartbeat(Heartbeat { seq, digest: 0 }))
+            .await
+            .unwrap();
     }
     for seq in 0..100 {
         let f = y.recv().await.unwrap();
-        assert_eq!(f.message, Message::Heartbeat(Heartbeat { seq }));
+        assert_eq!(f.message, Message::Heartbeat(Heartbeat { seq, digest: 0 }));
         assert_eq!(f.header.sender, Rank(1));
     }
-    y.send(Message::Heartbeat(Heartbeat { seq: 7 }))
+    y.send(Message::Heartbeat(Heartbeat { seq: 7, digest: 0 }))
         .await
         .unwrap();
     assert_eq!(
         x.recv().await.unwrap().message,
-        Message::Heartbeat(Heartbeat { seq: 7 })
+        Message::Heartbeat(Heartbeat { seq: 7, digest: 0 })
     );
     x.depart(CloseCode::LEFT, "sigterm").await;
     let r = tokio::time::timeout(WAIT, y.recv()).await.unwrap();
@@ -518,7 +520,7 @@ async fn a_frame_the_role_forbids_closes_the_control_channel() {
         b.ep.accept(WAIT)
     );
     let (client, _server) = (c.unwrap().into_control(), s.unwrap().into_control());
-    let notice = Message::Heartbeat(Heartbeat { seq: 1 });
+    let notice = Message::Heartbeat(Heartbeat { seq: 1, digest: 0 });
     let r = client.send(notice.clone()).await;
     assert!(
         matches!(

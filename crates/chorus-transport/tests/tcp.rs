@@ -594,7 +594,7 @@ mod suite {
                 "a control frame on a data link",
                 Box::new(|raw| {
                     let env = raw.me;
-                    raw.send_message(&env, &Message::Heartbeat(Heartbeat { seq: 1 }));
+                    raw.send_message(&env, &Message::Heartbeat(Heartbeat { seq: 1, digest: 0 }));
                 }),
                 CloseCode::PROTOCOL_VIOLATION,
             ),

@@ -95,7 +95,7 @@ fn both_ends_agree_on_a_successful_handshake() {
     let mut more = BytesMut::new();
     ce.encode(
         &Envelope::new(CommId(42), Epoch(3), Rank(1)),
-        &Message::Heartbeat(Heartbeat { seq: 0 }),
+        &Message::Heartbeat(Heartbeat { seq: 0, digest: 0 }),
         &mut more,
     )
     .unwrap();

@@ -1,0 +1,1948 @@
+//! The node: one member's control plane as a sans-IO state machine.
+//!
+//! The runtime (or the simulator) feeds it inputs with [`Node::handle`] and then drains
+//! [`Node::poll_transmit`], [`Node::poll_intent`] and [`Node::poll_event`], and calls
+//! `handle(now, Input::Timeout)` at [`Node::poll_timeout`]. Nothing here reads a clock,
+//! spawns a thread, touches a socket or draws a random number.
+//!
+//! # The runtime's side of the contract
+//!
+//! - Call `handle` no later than `poll_timeout` (it is never more than one heartbeat
+//!   interval away while the node is a member). A late call is measured: the node treats
+//!   the lateness as its own stall and does not count it against the peers it watches.
+//! - Frames: pass every control frame with its header (`from` is the sender's rank at the
+//!   frame's epoch). Frames of an older epoch are refused ([`InputError::StaleEpoch`]);
+//!   the node may answer the sender with the `Commit` it missed, addressed at that older
+//!   epoch — so keep the previous epochs' peer tables for a few epochs.
+//! - After `Event::MembershipAgreed`, the node is at the new epoch with a new rank; build
+//!   the new table with `agreed.plan.apply(&old_table, &agreed.joiners)`; the member that
+//!   ran `Command::Admit` welcomes the joiners (`Welcome` with the new table), and a joiner
+//!   starts its own node with [`Node::new`] from that `Welcome`.
+//! - After `Event::Evicted`, or after `Command::Depart`/`Abort`, the node is inert: it only
+//!   still yields what it queued (the `Depart` frames and closes).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use chorus_protocol::message::{
+    Commit, Depart, Evidence, Heartbeat, Kind, Message, Notice, PeerInfo, PeerState, PeerStatus,
+    Revoke, Verdict,
+};
+use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
+
+use crate::agreement::{Agreement, Ctx};
+use crate::broadcast::{Digest, Fingers};
+use crate::config::{Config, ConfigError};
+use crate::detector::{Detector, Expiry};
+use crate::error::InputError;
+use crate::event::{Agreed, Event, Eviction};
+use crate::input::{Command, Frame, Input, Witness};
+use crate::ledger::Ledger;
+use crate::outbox::Outbox;
+use crate::overlay::Ring;
+use crate::plan::Plan;
+use crate::revoke::Revocation;
+use crate::time::{Instant, millis};
+use crate::transmit::{ConnectionIntent, Transmit};
+use crate::view::View;
+
+/// The origin of a launcher's witness notice (`Rank::NONE` in the protocol: no rank).
+const LAUNCHER: Rank = Rank(u32::MAX);
+
+/// Longest `Depart::detail` the protocol carries (SPEC 9.2).
+const MAX_DETAIL: usize = 512;
+
+/// How many past commits a node keeps to catch up members that missed one.
+const HISTORY: usize = 8;
+
+/// Bound on remembered rate-limit entries (reset past it; it only throttles replies).
+const MAX_REPLY_MEMORY: usize = 4096;
+
+/// Where a node stands.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Status {
+    /// A member of its current epoch.
+    Member,
+    /// Left with this code (`Command::Depart` or `Command::Abort`).
+    Departed { code: CloseCode },
+    /// Removed or declared dead; must not act.
+    Evicted,
+}
+
+/// Counters for tracing, `chorus status` and the simulator.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Frames handed in.
+    pub frames: u64,
+    /// Frames refused for an older epoch.
+    pub stale: u64,
+    /// Frames refused for a newer epoch.
+    pub future: u64,
+    /// Frames refused because their sender is absent.
+    pub from_absent: u64,
+    /// Frames refused as invalid or not for the control plane.
+    pub invalid: u64,
+    /// Times this node found itself woken later than asked (by more than the tolerance).
+    pub stalls: u64,
+    /// Heartbeats sent.
+    pub heartbeats: u64,
+    /// Notices sent (originated, forwarded or pushed by anti-entropy).
+    pub notices: u64,
+    /// Anti-entropy pushes made.
+    pub repairs: u64,
+    /// Commits sent to members that missed them.
+    pub catch_ups: u64,
+}
+
+/// Reply kinds for rate limiting.
+#[derive(Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Reply {
+    CatchUp,
+    Accuse,
+    Repair,
+}
+
+/// One member's control plane. See the module docs for how to drive it.
+#[derive(Debug)]
+pub struct Node {
+    config: Config,
+    view: View,
+    status: Status,
+    ledger: Ledger,
+    detector: Detector,
+    fingers: Fingers,
+    revocation: Revocation,
+    agreement: Agreement,
+    history: VecDeque<(Commit, u32, Instant)>,
+    links: BTreeSet<Rank>,
+    next_wake: Option<Instant>,
+    knowledge_at: Instant,
+    /// Until when an accusation of death is explained by this member's own long stall.
+    stalled_until: Option<Instant>,
+    replies: BTreeMap<(Reply, u64, Rank), Instant>,
+    out: Outbox,
+    stats: Stats,
+}
+
+impl Node {
+    /// A member at `view`, starting at `now`: it opens connections to its overlay
+    /// neighbours and heartbeats at once.
+    pub fn new(config: Config, view: View, now: Instant) -> Result<Node, ConfigError> {
+        config.validate()?;
+        let mut node = Node {
+            detector: Detector::new(&config, now),
+            ledger: Ledger::new(view.world()),
+            config,
+            view,
+            status: Status::Member,
+            fingers: Fingers::default(),
+            revocation: Revocation::default(),
+            agreement: Agreement::new(now, Vec::new()),
+            history: VecDeque::new(),
+            links: BTreeSet::new(),
+            next_wake: None,
+            knowledge_at: now,
+            stalled_until: None,
+            replies: BTreeMap::new(),
+            out: Outbox::default(),
+            stats: Stats::default(),
+        };
+        node.reset_overlay(now);
+        node.next_wake = node.compute_next_wake(now);
+        Ok(node)
+    }
+
+    /// Feeds one input. A refused frame changes no membership state (see [`InputError`]);
+    /// any frame from a present member still counts as a sign of life.
+    pub fn handle(&mut self, now: Instant, input: Input) -> Result<(), InputError> {
+        if self.status != Status::Member {
+            return match input {
+                Input::Command(Command::Abort | Command::Depart { .. }) => Ok(()),
+                _ => Err(InputError::Inactive),
+            };
+        }
+        self.observe_wake(now);
+        let result = match input {
+            Input::Frame(frame) => self.on_frame(frame, now),
+            Input::ConnectionOpened { peer, epoch } => self
+                .check_epoch(epoch)
+                .and_then(|()| self.on_opened(peer, now)),
+            Input::ConnectionClosed { peer, epoch, code } => self
+                .check_epoch(epoch)
+                .and_then(|()| self.on_closed(peer, code, now)),
+            Input::ConnectionLost { peer, epoch, code } => self.check_epoch(epoch).and_then(|()| {
+                self.on_local_evidence(peer, Verdict::Dead, Evidence::ConnectionLost { code }, now)
+            }),
+            Input::PeerExited {
+                peer,
+                epoch,
+                status,
+                witness,
+            } => self.check_epoch(epoch).and_then(|()| {
+                let evidence = match witness {
+                    Witness::Pidfd => Evidence::ProcessExited { status },
+                    Witness::Launcher => Evidence::LauncherWitness { status },
+                };
+                self.on_local_evidence(peer, Verdict::Dead, evidence, now)
+            }),
+            Input::Timeout => Ok(()),
+            Input::Command(command) => self.on_command(command, now),
+        };
+        if let Err(e) = &result {
+            if e.close_code().is_some() {
+                self.stats.invalid += 1;
+            }
+            tracing::trace!(rank = %self.view.rank(), epoch = %self.view.epoch(), error = %e, "input refused");
+        }
+        if self.status == Status::Member {
+            self.tick(now);
+        }
+        self.next_wake = self.compute_next_wake(now);
+        result
+    }
+
+    /// The next frame to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.out.transmits.pop_front()
+    }
+
+    /// The next connection to open or close.
+    pub fn poll_intent(&mut self) -> Option<ConnectionIntent> {
+        self.out.intents.pop_front()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.out.events.pop_front()
+    }
+
+    /// When to call `handle(now, Input::Timeout)` next; `None` once the node is inert.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.next_wake
+    }
+
+    pub fn view(&self) -> View {
+        self.view
+    }
+
+    pub fn comm(&self) -> CommId {
+        self.view.comm()
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        self.view.epoch()
+    }
+
+    pub fn rank(&self) -> Rank {
+        self.view.rank()
+    }
+
+    pub fn world(&self) -> u32 {
+        self.view.world()
+    }
+
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The ledger of the current epoch.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Whether the current epoch was revoked, and by whom.
+    pub fn revoked_by(&self) -> Option<Rank> {
+        self.revocation.origin()
+    }
+
+    /// Joiners admitted here that are not yet members.
+    pub fn pending_joiners(&self) -> &[PeerInfo] {
+        self.agreement.pending_joiners()
+    }
+
+    /// The ranks this member heartbeats to.
+    pub fn observers(&self) -> &[Rank] {
+        self.detector.observers()
+    }
+
+    /// The ranks this member watches.
+    pub fn watched(&self) -> Vec<Rank> {
+        self.detector.watched().collect()
+    }
+
+    /// One row per member (`StatusReply::peers`, `health()`), O(world); this member's own
+    /// row is `Alive`, heard now.
+    pub fn peers(&self, now: Instant) -> Vec<PeerStatus> {
+        (0..self.view.world())
+            .map(Rank)
+            .map(|r| {
+                if r == self.view.rank() {
+                    PeerStatus {
+                        rank: r,
+                        state: PeerState::Alive,
+                        last_heard_ms: 0,
+                        evidence: None,
+                    }
+                } else {
+                    self.ledger.status(r, now)
+                }
+            })
+            .collect()
+    }
+
+    /// The digest of this member's knowledge at its epoch.
+    pub fn digest(&self) -> Digest {
+        self.ledger
+            .digest()
+            .with_revoked(self.revocation.is_revoked())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Inputs
+
+    fn on_frame(&mut self, frame: Frame, now: Instant) -> Result<(), InputError> {
+        self.stats.frames += 1;
+        let kind = frame.message.kind();
+        if frame.comm != self.view.comm() {
+            return Err(InputError::UnknownComm {
+                comm: frame.comm,
+                expected: self.view.comm(),
+            });
+        }
+        if !is_control(kind) {
+            return Err(InputError::NotControl { kind });
+        }
+        let current = self.view.epoch();
+        if frame.epoch < current {
+            self.stats.stale += 1;
+            self.on_stale(&frame, now);
+            return Err(InputError::StaleEpoch {
+                frame: frame.epoch,
+                current,
+            });
+        }
+        if frame.epoch > current {
+            self.stats.future += 1;
+            return Err(InputError::FutureEpoch {
+                frame: frame.epoch,
+                current,
+            });
+        }
+        let from = frame.from;
+        if from.get() >= self.view.world() {
+            return Err(InputError::RankOutOfRange {
+                rank: from,
+                world: self.view.world(),
+            });
+        }
+        if from == self.view.rank() {
+            return Err(invalid(kind, "frame claims this member's own rank"));
+        }
+        if self.ledger.is_absent(from) {
+            self.stats.from_absent += 1;
+            self.on_from_absent(from, now);
+            return Err(InputError::FromAbsent { rank: from });
+        }
+        self.heard(from, now);
+        match frame.message {
+            Message::Heartbeat(hb) => {
+                self.on_heartbeat(from, hb, now);
+                Ok(())
+            }
+            Message::Depart(depart) => {
+                let notice = self.own_notice(
+                    from,
+                    Verdict::Departed,
+                    Evidence::Departed { code: depart.code },
+                );
+                tracing::debug!(rank = %self.view.rank(), peer = %from, code = %depart.code, detail = %depart.detail, "peer departed");
+                self.learn(notice, None, now);
+                Ok(())
+            }
+            Message::Notice(notice) => self.on_notice(from, notice, now),
+            Message::Revoke(revoke) => self.on_revoke(from, revoke, now),
+            Message::Prepare(p) => {
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                agreement.on_prepare(from, p, &ctx, out)
+            }
+            Message::Promise(p) => {
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                let decided = agreement.on_promise(from, p, &ctx, out)?;
+                self.decided(decided, now);
+                Ok(())
+            }
+            Message::Propose(p) => {
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                agreement.on_propose(from, p, &ctx, out)
+            }
+            Message::Accept(a) => {
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                let decided = agreement.on_accept(from, a, &ctx, out)?;
+                self.decided(decided, now);
+                Ok(())
+            }
+            Message::Commit(c) => self.on_commit(from, c, now),
+            // A grow request relayed by a member (SPEC 11.3): coordinate the admission here.
+            Message::Join(join) if join.world == 0 => {
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                let decided = agreement.admit(vec![join.peer], &ctx, out);
+                self.decided(decided, now);
+                Ok(())
+            }
+            Message::Join(_) | Message::Welcome(_) => Err(invalid(
+                kind,
+                "bootstrap joins go to the root; welcomes to joiners",
+            )),
+            other => Err(InputError::NotControl { kind: other.kind() }),
+        }
+    }
+
+    fn on_opened(&mut self, peer: Rank, now: Instant) -> Result<(), InputError> {
+        self.check_peer(peer)?;
+        if !self.ledger.is_absent(peer) {
+            self.heard(peer, now);
+        }
+        Ok(())
+    }
+
+    fn on_closed(&mut self, peer: Rank, code: CloseCode, now: Instant) -> Result<(), InputError> {
+        self.check_peer(peer)?;
+        if code == CloseCode::EVICTED {
+            // Sent only by a member that installed an epoch without us.
+            tracing::warn!(rank = %self.view.rank(), epoch = %self.view.epoch(), %peer, "evicted by a member's close");
+            self.evict(self.view.epoch(), Eviction::Closed { peer });
+            return Ok(());
+        }
+        if code.is_departure() {
+            return self.on_local_evidence(
+                peer,
+                Verdict::Departed,
+                Evidence::Departed { code },
+                now,
+            );
+        }
+        if code == CloseCode::INTERNAL {
+            return self.on_local_evidence(
+                peer,
+                Verdict::Dead,
+                Evidence::ConnectionLost { code },
+                now,
+            );
+        }
+        // Other codes (deadline, stale epoch, protocol violation, ...) come from a live peer
+        // refusing this connection: not evidence that it is gone.
+        tracing::debug!(rank = %self.view.rank(), %peer, %code, "connection closed by a live peer");
+        Ok(())
+    }
+
+    fn on_local_evidence(
+        &mut self,
+        peer: Rank,
+        verdict: Verdict,
+        evidence: Evidence,
+        now: Instant,
+    ) -> Result<(), InputError> {
+        self.check_peer(peer)?;
+        let notice = self.own_notice(peer, verdict, evidence);
+        self.learn(notice, None, now);
+        Ok(())
+    }
+
+    fn on_command(&mut self, command: Command, now: Instant) -> Result<(), InputError> {
+        match command {
+            Command::Depart { code, detail } => self.depart(code, detail),
+            Command::Abort => self.depart(CloseCode::ABORTED, "aborted".to_owned()),
+            Command::Revoke => {
+                let me = self.view.rank();
+                self.revoke(me, 0, None, now);
+            }
+            Command::Shrink => {
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                let decided = agreement.request(&ctx, out);
+                self.decided(decided, now);
+            }
+            Command::Admit(joiners) => {
+                if joiners.is_empty() {
+                    return Ok(());
+                }
+                let (agreement, ctx, out) = self.agreement_parts(now);
+                let decided = agreement.admit(joiners, &ctx, out);
+                self.decided(decided, now);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_heartbeat(&mut self, from: Rank, hb: Heartbeat, now: Instant) {
+        let mine = self.digest();
+        if hb.digest == mine.get() {
+            return;
+        }
+        // Only push from settled knowledge: during a flood digests differ for a moment.
+        if now < self.knowledge_at + self.config.heartbeat_interval {
+            return;
+        }
+        if !self.allow(Reply::Repair, from, now, self.config.heartbeat_interval) {
+            return;
+        }
+        self.stats.repairs += 1;
+        let epoch = self.view.epoch();
+        let notices: Vec<Notice> = self.ledger.notices().collect();
+        for notice in notices {
+            self.stats.notices += 1;
+            self.send(from, epoch, Message::Notice(notice));
+        }
+        if let Some(origin) = self.revocation.origin() {
+            self.send(from, epoch, Message::Revoke(Revoke { origin, hops: 0 }));
+        }
+        // Our digest lets the sender push what it knows and we lack.
+        let seq = self.detector.seq();
+        self.send(
+            from,
+            epoch,
+            Message::Heartbeat(Heartbeat {
+                seq,
+                digest: mine.get(),
+            }),
+        );
+    }
+
+    fn on_notice(&mut self, from: Rank, notice: Notice, now: Instant) -> Result<(), InputError> {
+        let world = self.view.world();
+        let launcher = notice.origin == LAUNCHER
+            && matches!(notice.evidence, Evidence::LauncherWitness { .. })
+            && notice.verdict == Verdict::Dead;
+        for r in [notice.origin, notice.subject] {
+            if r.get() >= world && !(launcher && r == LAUNCHER) {
+                return Err(invalid(
+                    Kind::Notice,
+                    &format!("{r} outside the world of {world}"),
+                ));
+            }
+        }
+        if notice.verdict == Verdict::Suspect {
+            // Suspicion is local; a peer's suspicion is not evidence here.
+            return Ok(());
+        }
+        if notice.subject == self.view.rank() {
+            self.accused(notice, now);
+            return Ok(());
+        }
+        if self.ledger.is_absent(notice.subject) {
+            return Ok(());
+        }
+        let notice = Notice {
+            hops: notice.hops.saturating_add(1),
+            ..notice
+        };
+        self.learn(notice, Some(from), now);
+        Ok(())
+    }
+
+    fn on_revoke(&mut self, from: Rank, revoke: Revoke, now: Instant) -> Result<(), InputError> {
+        if revoke.origin.get() >= self.view.world() {
+            return Err(invalid(Kind::Revoke, "origin outside the world"));
+        }
+        self.revoke(
+            revoke.origin,
+            revoke.hops.saturating_add(1),
+            Some(from),
+            now,
+        );
+        Ok(())
+    }
+
+    fn on_commit(&mut self, from: Rank, commit: Commit, now: Instant) -> Result<(), InputError> {
+        if commit.proposal.comm != self.view.comm() {
+            return Err(invalid(Kind::Commit, "commit for another communicator"));
+        }
+        let epoch = self.view.epoch();
+        if commit.proposal.epoch <= epoch {
+            return Ok(());
+        }
+        if commit.proposal.epoch > Epoch(epoch.get().saturating_add(1)) {
+            return Err(InputError::FutureEpoch {
+                frame: commit.proposal.epoch,
+                current: epoch,
+            });
+        }
+        let plan = Plan::from_proposal(self.view.world(), epoch, &commit.proposal)
+            .map_err(|e| invalid(Kind::Commit, &e.to_string()))?;
+        self.install(commit, plan, Some(from), now);
+        Ok(())
+    }
+
+    /// A frame from an epoch this member left: the sender missed a commit. Answer with the
+    /// one that follows its epoch, once the flood has had time to reach it.
+    fn on_stale(&mut self, frame: &Frame, now: Instant) {
+        if matches!(frame.message, Message::Commit(_)) {
+            return;
+        }
+        let Some(next) = frame.epoch.get().checked_add(1) else {
+            return;
+        };
+        let Some((commit, old_world, at)) = self
+            .history
+            .iter()
+            .find(|(c, _, _)| c.proposal.epoch.get() == next)
+        else {
+            return;
+        };
+        if now < *at + self.config.heartbeat_interval || frame.from.get() >= *old_world {
+            return;
+        }
+        let commit = commit.clone();
+        if !self.allow(Reply::CatchUp, frame.from, now, self.config.retransmit) {
+            return;
+        }
+        self.stats.catch_ups += 1;
+        self.send(frame.from, frame.epoch, Message::Commit(commit));
+    }
+
+    /// A frame from a member this one holds dead: tell it (it may have been frozen).
+    fn on_from_absent(&mut self, from: Rank, now: Instant) {
+        if self.ledger.state(from) != PeerState::Dead {
+            return;
+        }
+        let Some(notice) = self.ledger.notice(from) else {
+            return;
+        };
+        if !self.allow(Reply::Accuse, from, now, self.config.heartbeat_interval) {
+            return;
+        }
+        self.stats.notices += 1;
+        let epoch = self.view.epoch();
+        self.send(from, epoch, Message::Notice(Notice { hops: 0, ..notice }));
+    }
+
+    /// A notice says this member is dead. If this member was stalled long enough for its
+    /// observers to lose it, that is what happened: it is evicted. Otherwise the verdict
+    /// comes from a view this member cannot confirm (a partition healing) and only an
+    /// agreed epoch without it evicts it.
+    fn accused(&mut self, notice: Notice, now: Instant) {
+        if notice.verdict != Verdict::Dead {
+            return;
+        }
+        if self.stalled_until.is_some_and(|until| now <= until) {
+            tracing::warn!(rank = %self.view.rank(), epoch = %self.view.epoch(), origin = %notice.origin, "declared dead while stalled; evicted");
+            self.evict(
+                self.view.epoch(),
+                Eviction::Declared {
+                    origin: notice.origin,
+                    evidence: notice.evidence,
+                },
+            );
+        } else {
+            tracing::debug!(rank = %self.view.rank(), epoch = %self.view.epoch(), origin = %notice.origin, "accused of being dead while running; awaiting agreement");
+        }
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Knowledge
+
+    /// Records a verdict, tells the application, floods it, and lets the overlay and the
+    /// agreement react.
+    fn learn(&mut self, notice: Notice, from: Option<Rank>, now: Instant) {
+        if notice.subject == self.view.rank() || !self.ledger.mark_absent(notice, now) {
+            return;
+        }
+        self.knowledge_at = now;
+        let epoch = self.view.epoch();
+        let event = match (notice.verdict, notice.evidence) {
+            (Verdict::Departed, Evidence::Departed { code }) => Event::PeerDeparted {
+                epoch,
+                rank: notice.subject,
+                code,
+                origin: notice.origin,
+                hops: notice.hops,
+            },
+            (Verdict::Departed, _) => Event::PeerDeparted {
+                epoch,
+                rank: notice.subject,
+                code: CloseCode::LEFT,
+                origin: notice.origin,
+                hops: notice.hops,
+            },
+            _ => Event::PeerDead {
+                epoch,
+                rank: notice.subject,
+                evidence: notice.evidence,
+                origin: notice.origin,
+                hops: notice.hops,
+            },
+        };
+        tracing::info!(at = %now, rank = %self.view.rank(), %epoch, peer = %notice.subject, verdict = ?notice.verdict, evidence = ?notice.evidence, origin = %notice.origin, hops = notice.hops, "peer absent");
+        self.out.events.push_back(event);
+        self.reset_overlay(now);
+        let targets: Vec<Rank> = self.fingers.targets(from).collect();
+        for to in targets {
+            self.stats.notices += 1;
+            self.send(to, epoch, Message::Notice(notice));
+        }
+        let (agreement, ctx, out) = self.agreement_parts(now);
+        let decided = agreement.on_view_change(&ctx, out);
+        self.decided(decided, now);
+    }
+
+    fn revoke(&mut self, origin: Rank, hops: u16, from: Option<Rank>, now: Instant) {
+        if !self.revocation.revoke(origin) {
+            return;
+        }
+        self.knowledge_at = now;
+        let epoch = self.view.epoch();
+        tracing::info!(at = %now, rank = %self.view.rank(), %epoch, %origin, hops, "communicator revoked");
+        self.out.events.push_back(Event::Revoked { epoch, origin });
+        let targets: Vec<Rank> = self.fingers.targets(from).collect();
+        for to in targets {
+            self.send(to, epoch, Message::Revoke(Revoke { origin, hops }));
+        }
+    }
+
+    fn own_notice(&self, subject: Rank, verdict: Verdict, evidence: Evidence) -> Notice {
+        Notice {
+            origin: self.view.rank(),
+            subject,
+            verdict,
+            evidence,
+            hops: 0,
+        }
+    }
+
+    fn heard(&mut self, from: Rank, now: Instant) {
+        self.detector.heard(from, now);
+        if self.ledger.heard(from, now) {
+            self.out.events.push_back(Event::PeerRecovered {
+                epoch: self.view.epoch(),
+                rank: from,
+            });
+        }
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Timers
+
+    /// Detects a late wake-up and credits it back to the watched peers.
+    fn observe_wake(&mut self, now: Instant) {
+        let Some(wake) = self.next_wake else { return };
+        if now <= wake + self.config.stall_tolerance {
+            return;
+        }
+        let stall = now.saturating_since(wake);
+        self.stats.stalls += 1;
+        self.detector.credit_stall(stall, now);
+        if stall >= self.config.deadline / 2 {
+            // Long enough that observers may have declared this member dead. Their verdict
+            // reaches us when we next talk to one of them: at once through our heartbeats,
+            // or within a deadline through our own verdicts if our observers are gone too.
+            self.stalled_until = Some(now + self.config.deadline * 2);
+        }
+        tracing::debug!(rank = %self.view.rank(), stall_ms = millis(stall), "woken late; not counting the stall against peers");
+    }
+
+    fn tick(&mut self, now: Instant) {
+        let epoch = self.view.epoch();
+        for expiry in self.detector.expired(now) {
+            if self.status != Status::Member || self.view.epoch() != epoch {
+                return;
+            }
+            match expiry {
+                Expiry::Suspect { rank, silent } => {
+                    if self.ledger.suspect(rank, silent, self.config.deadline, now) {
+                        self.out.events.push_back(Event::PeerSuspect {
+                            epoch,
+                            rank,
+                            silent,
+                        });
+                    }
+                }
+                Expiry::Dead { rank, silent } => {
+                    let evidence = Evidence::MissedDeadline {
+                        silent_ms: millis(silent),
+                        deadline_ms: millis(self.config.deadline),
+                    };
+                    let notice = self.own_notice(rank, Verdict::Dead, evidence);
+                    self.learn(notice, None, now);
+                }
+            }
+        }
+        if self.status != Status::Member || self.view.epoch() != epoch {
+            return;
+        }
+        if let Some(seq) = self.detector.heartbeat_due(now) {
+            let digest = self.digest().get();
+            for to in self.detector.observers().to_vec() {
+                self.stats.heartbeats += 1;
+                self.send(to, epoch, Message::Heartbeat(Heartbeat { seq, digest }));
+            }
+        }
+        let (agreement, ctx, out) = self.agreement_parts(now);
+        let decided = agreement.on_timeout(&ctx, out);
+        self.decided(decided, now);
+    }
+
+    fn compute_next_wake(&self, now: Instant) -> Option<Instant> {
+        if self.status != Status::Member {
+            return None;
+        }
+        let ctx = Ctx {
+            view: self.view,
+            absent: self.ledger.absent(),
+            config: &self.config,
+            now,
+        };
+        let mut next = self.detector.next_deadline();
+        if let Some(at) = self.agreement.next_deadline(&ctx) {
+            next = next.min(at);
+        }
+        Some(next)
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Epochs
+
+    fn decided(&mut self, commit: Option<Commit>, now: Instant) {
+        let Some(commit) = commit else { return };
+        match Plan::from_proposal(self.view.world(), self.view.epoch(), &commit.proposal) {
+            Ok(plan) => self.install(commit, plan, None, now),
+            Err(e) => {
+                tracing::error!(rank = %self.view.rank(), error = %e, "decided an invalid proposal")
+            }
+        }
+    }
+
+    /// Installs the next epoch: floods the commit over the old overlay, renumbers, and
+    /// starts watching the new neighbours.
+    fn install(&mut self, commit: Commit, plan: Plan, from: Option<Rank>, now: Instant) {
+        let old_epoch = self.view.epoch();
+        let targets: Vec<Rank> = self.fingers.targets(from).collect();
+        for to in targets {
+            self.send(to, old_epoch, Message::Commit(commit.clone()));
+        }
+        self.history
+            .push_back((commit.clone(), plan.old_world(), now));
+        while self.history.len() > HISTORY {
+            self.history.pop_front();
+        }
+        let Some(rank) = plan.new_rank(self.view.rank()) else {
+            tracing::warn!(rank = %self.view.rank(), epoch = %plan.epoch(), "removed by the agreed membership");
+            self.evict(
+                plan.epoch(),
+                Eviction::Removed {
+                    epoch: plan.epoch(),
+                },
+            );
+            return;
+        };
+        let view = match View::new(self.view.comm(), plan.epoch(), plan.world(), rank) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "agreed view is impossible");
+                return;
+            }
+        };
+        for r in plan.removed() {
+            if self.links.contains(r) {
+                self.out.intents.push_back(ConnectionIntent::Close {
+                    peer: *r,
+                    epoch: old_epoch,
+                    code: CloseCode::EVICTED,
+                });
+            }
+        }
+        let joiner_ranks = (0..commit.proposal.joiners.len()).filter_map(|i| plan.joiner_rank(i));
+        self.ledger =
+            self.ledger
+                .remap(plan.world(), rank, |r| plan.new_rank(r), joiner_ranks, now);
+        self.links = self
+            .links
+            .iter()
+            .filter_map(|r| plan.new_rank(*r))
+            .collect();
+        self.view = view;
+        self.revocation = Revocation::default();
+        self.replies.clear();
+        self.knowledge_at = now;
+        let leftover: Vec<PeerInfo> = self
+            .agreement
+            .pending_joiners()
+            .iter()
+            .filter(|p| !commit.proposal.joiners.iter().any(|j| same_process(j, p)))
+            .cloned()
+            .collect();
+        self.agreement = Agreement::new(now, leftover);
+        self.detector.renumber(|r| plan.new_rank(r));
+        self.reset_overlay(now);
+        self.detector.heartbeat_now(now);
+        tracing::info!(at = %now, rank = %rank, epoch = %plan.epoch(), world = plan.world(), removed = ?plan.removed(), "membership agreed");
+        self.out.events.push_back(Event::MembershipAgreed(Agreed {
+            comm: self.view.comm(),
+            previous: old_epoch,
+            rank,
+            plan,
+            joiners: commit.proposal.joiners,
+            ballot: commit.ballot,
+        }));
+        // Members still absent after the change stay absent; say so at the new epoch.
+        let epoch = self.view.epoch();
+        let carried: Vec<Notice> = self.ledger.notices().collect();
+        for n in carried {
+            let event = match n.evidence {
+                Evidence::Departed { code } if n.verdict == Verdict::Departed => {
+                    Event::PeerDeparted {
+                        epoch,
+                        rank: n.subject,
+                        code,
+                        origin: n.origin,
+                        hops: 0,
+                    }
+                }
+                evidence => Event::PeerDead {
+                    epoch,
+                    rank: n.subject,
+                    evidence,
+                    origin: n.origin,
+                    hops: 0,
+                },
+            };
+            self.out.events.push_back(event);
+        }
+    }
+
+    fn evict(&mut self, epoch: Epoch, cause: Eviction) {
+        self.status = Status::Evicted;
+        self.out.events.push_back(Event::Evicted { epoch, cause });
+        let old = self.view.epoch();
+        for peer in std::mem::take(&mut self.links) {
+            self.out.intents.push_back(ConnectionIntent::Close {
+                peer,
+                epoch: old,
+                code: CloseCode::ABORTED,
+            });
+        }
+        self.next_wake = None;
+    }
+
+    /// Departure is a message (principle 1): `Depart` to every neighbour, then closes.
+    fn depart(&mut self, code: CloseCode, mut detail: String) {
+        truncate(&mut detail, MAX_DETAIL);
+        let epoch = self.view.epoch();
+        let mut to: BTreeSet<Rank> = self.links.clone();
+        to.extend(self.detector.observers().iter().copied());
+        to.extend(self.detector.watched());
+        to.extend(self.fingers.all().iter().copied());
+        to.remove(&self.view.rank());
+        for peer in &to {
+            self.send(
+                *peer,
+                epoch,
+                Message::Depart(Depart {
+                    code,
+                    detail: detail.clone(),
+                }),
+            );
+        }
+        for peer in to {
+            self.out
+                .intents
+                .push_back(ConnectionIntent::Close { peer, epoch, code });
+        }
+        self.links.clear();
+        self.status = Status::Departed { code };
+        self.next_wake = None;
+        tracing::info!(rank = %self.view.rank(), %epoch, %code, "departed");
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Helpers
+
+    /// Recomputes observers, watches and fingers from the ledger and asks for connections
+    /// to new neighbours.
+    fn reset_overlay(&mut self, now: Instant) {
+        let me = self.view.rank();
+        let ring = Ring::new(self.view.world(), self.ledger.absent());
+        let (fresh, _gained) = self.detector.reset(&ring, me, now);
+        self.fingers.reset(&ring, me);
+        for r in fresh {
+            self.ledger.watch(r, now);
+        }
+        let epoch = self.view.epoch();
+        let mut wanted: Vec<Rank> = self.detector.observers().to_vec();
+        wanted.extend(self.detector.watched());
+        wanted.extend(self.fingers.all().iter().copied());
+        for peer in wanted {
+            if self.links.insert(peer) {
+                self.out
+                    .intents
+                    .push_back(ConnectionIntent::Open { peer, epoch });
+            }
+        }
+    }
+
+    /// The agreement, what it reads, and where it writes: disjoint borrows of `self`.
+    fn agreement_parts(&mut self, now: Instant) -> (&mut Agreement, Ctx<'_>, &mut Outbox) {
+        let ctx = Ctx {
+            view: self.view,
+            absent: self.ledger.absent(),
+            config: &self.config,
+            now,
+        };
+        (&mut self.agreement, ctx, &mut self.out)
+    }
+
+    fn send(&mut self, to: Rank, epoch: Epoch, message: Message) {
+        self.out.transmits.push_back(Transmit {
+            to,
+            comm: self.view.comm(),
+            epoch,
+            message,
+        });
+    }
+
+    /// Connection events and local evidence must be about the current epoch's numbering.
+    fn check_epoch(&self, epoch: Epoch) -> Result<(), InputError> {
+        let current = self.view.epoch();
+        match epoch.cmp(&current) {
+            std::cmp::Ordering::Less => Err(InputError::StaleEpoch {
+                frame: epoch,
+                current,
+            }),
+            std::cmp::Ordering::Greater => Err(InputError::FutureEpoch {
+                frame: epoch,
+                current,
+            }),
+            std::cmp::Ordering::Equal => Ok(()),
+        }
+    }
+
+    fn check_peer(&self, peer: Rank) -> Result<(), InputError> {
+        if peer.get() >= self.view.world() {
+            return Err(InputError::RankOutOfRange {
+                rank: peer,
+                world: self.view.world(),
+            });
+        }
+        if peer == self.view.rank() {
+            return Err(invalid(Kind::Notice, "event about this member's own rank"));
+        }
+        Ok(())
+    }
+
+    /// Rate limit: true (and remembered) if no reply of this kind went to `to` within `every`.
+    fn allow(&mut self, kind: Reply, to: Rank, now: Instant, every: Duration) -> bool {
+        let key = (kind, self.view.epoch().get(), to);
+        if let Some(at) = self.replies.get(&key)
+            && now < *at + every
+        {
+            return false;
+        }
+        if self.replies.len() >= MAX_REPLY_MEMORY {
+            self.replies.clear();
+        }
+        self.replies.insert(key, now);
+        true
+    }
+}
+
+fn is_control(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Heartbeat
+            | Kind::Depart
+            | Kind::Notice
+            | Kind::Revoke
+            | Kind::Prepare
+            | Kind::Promise
+            | Kind::Propose
+            | Kind::Accept
+            | Kind::Commit
+            | Kind::Join
+            | Kind::Welcome
+    )
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
+fn same_process(a: &PeerInfo, b: &PeerInfo) -> bool {
+    a.fingerprint == b.fingerprint
+        && a.incarnation == b.incarnation
+        && a.pid == b.pid
+        && a.host == b.host
+}
+
+fn invalid(kind: Kind, reason: &str) -> InputError {
+    InputError::Invalid {
+        kind,
+        reason: reason.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chorus_protocol::OpSeq;
+    use chorus_protocol::message::{
+        Accept, Ballot, Chunk, ChunkHeader, Prepare, Promise, Proposal, Propose, Reject,
+    };
+
+    use super::*;
+
+    const COMM: CommId = CommId(7);
+
+    fn ms(v: u64) -> Instant {
+        Instant::from_micros(v * 1000)
+    }
+
+    fn node(world: u32, rank: u32) -> Node {
+        let view = View::new(COMM, Epoch(0), world, Rank(rank)).unwrap();
+        Node::new(Config::default(), view, ms(0)).unwrap()
+    }
+
+    fn frame(from: u32, epoch: u64, message: Message) -> Input {
+        Input::Frame(Frame {
+            from: Rank(from),
+            comm: COMM,
+            epoch: Epoch(epoch),
+            message,
+        })
+    }
+
+    fn transmits(n: &mut Node) -> Vec<Transmit> {
+        std::iter::from_fn(|| n.poll_transmit()).collect()
+    }
+
+    fn events(n: &mut Node) -> Vec<Event> {
+        std::iter::from_fn(|| n.poll_event()).collect()
+    }
+
+    fn intents(n: &mut Node) -> Vec<ConnectionIntent> {
+        std::iter::from_fn(|| n.poll_intent()).collect()
+    }
+
+    fn heartbeat() -> Message {
+        Message::Heartbeat(Heartbeat { seq: 1, digest: 0 })
+    }
+
+    #[test]
+    fn a_new_node_opens_its_neighbours_and_heartbeats_its_observers() {
+        let mut n = node(8, 3);
+        let opened: Vec<Rank> = intents(&mut n)
+            .into_iter()
+            .map(|i| match i {
+                ConnectionIntent::Open { peer, epoch } => {
+                    assert_eq!(epoch, Epoch(0));
+                    peer
+                }
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        // Observers 4 and 5, watched 2 and 1, fingers 4, 5 and 7.
+        assert_eq!(opened, vec![Rank(4), Rank(5), Rank(2), Rank(1), Rank(7)]);
+        assert_eq!(n.poll_timeout(), Some(ms(0)));
+        n.handle(ms(0), Input::Timeout).unwrap();
+        let hb: Vec<Rank> = transmits(&mut n).iter().map(|t| t.to).collect();
+        assert_eq!(hb, vec![Rank(4), Rank(5)]);
+        assert_eq!(
+            n.poll_timeout(),
+            Some(ms(200)),
+            "next heartbeat one interval later"
+        );
+    }
+
+    #[test]
+    fn silence_past_the_deadline_is_a_verdict_that_floods() {
+        let mut n = node(8, 3);
+        n.handle(ms(0), Input::Timeout).unwrap();
+        let mut t = 0;
+        while t < 2_000 {
+            t += 200;
+            n.handle(ms(t), frame(2, 0, heartbeat())).unwrap();
+            n.handle(ms(t), Input::Timeout).unwrap();
+        }
+        let evs = events(&mut n);
+        assert!(
+            evs.iter()
+                .any(|e| matches!(e, Event::PeerSuspect { rank: Rank(1), .. })),
+            "{evs:?}"
+        );
+        let dead = evs.iter().find_map(|e| match e {
+            Event::PeerDead {
+                rank,
+                evidence,
+                origin,
+                hops,
+                ..
+            } => Some((*rank, *evidence, *origin, *hops)),
+            _ => None,
+        });
+        assert_eq!(
+            dead,
+            Some((
+                Rank(1),
+                Evidence::MissedDeadline {
+                    silent_ms: 2000,
+                    deadline_ms: 2000
+                },
+                Rank(3),
+                0
+            ))
+        );
+        assert!(n.ledger().is_absent(Rank(1)));
+        assert_eq!(n.ledger().state(Rank(2)), PeerState::Alive);
+        let notices: Vec<Rank> = transmits(&mut n)
+            .into_iter()
+            .filter(|t| {
+                matches!(
+                    t.message,
+                    Message::Notice(Notice {
+                        subject: Rank(1),
+                        ..
+                    })
+                )
+            })
+            .map(|t| t.to)
+            .collect();
+        assert_eq!(notices, vec![Rank(4), Rank(5), Rank(7)]);
+        // The ring closed over rank 1: rank 3 now watches 2 and 0.
+        assert_eq!(n.watched(), vec![Rank(2), Rank(0)]);
+    }
+
+    #[test]
+    fn frames_that_do_not_belong_are_refused_without_effect() {
+        let mut n = node(4, 1);
+        let wrong_comm = Input::Frame(Frame {
+            from: Rank(0),
+            comm: CommId(8),
+            epoch: Epoch(0),
+            message: heartbeat(),
+        });
+        let e = n.handle(ms(1), wrong_comm).unwrap_err();
+        assert_eq!(e.close_code(), Some(CloseCode::UNKNOWN_COMM));
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 1, heartbeat())),
+            Err(InputError::FutureEpoch { .. })
+        ));
+        assert!(matches!(
+            n.handle(ms(1), frame(9, 0, heartbeat())),
+            Err(InputError::RankOutOfRange { .. })
+        ));
+        assert!(matches!(
+            n.handle(ms(1), frame(1, 0, heartbeat())),
+            Err(InputError::Invalid { .. })
+        ));
+        let chunk = Message::Chunk(Chunk {
+            header: ChunkHeader {
+                collective: 0,
+                dtype: 0,
+                op: OpSeq(0),
+                step: 0,
+                offset: 0,
+            },
+            payload: Default::default(),
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, chunk)),
+            Err(InputError::NotControl { .. })
+        ));
+        let reject = Message::Reject(Reject {
+            code: CloseCode::INTERNAL,
+            detail: String::new(),
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, reject)),
+            Err(InputError::NotControl { .. })
+        ));
+        assert!(matches!(
+            n.handle(
+                ms(1),
+                Input::ConnectionLost {
+                    epoch: Epoch(0),
+                    peer: Rank(4),
+                    code: CloseCode::INTERNAL
+                }
+            ),
+            Err(InputError::RankOutOfRange { .. })
+        ));
+        assert!(matches!(
+            n.handle(
+                ms(1),
+                Input::ConnectionLost {
+                    epoch: Epoch(0),
+                    peer: Rank(1),
+                    code: CloseCode::INTERNAL
+                }
+            ),
+            Err(InputError::Invalid { .. })
+        ));
+        assert!(n.ledger().absent().is_empty());
+        assert!(events(&mut n).is_empty());
+    }
+
+    #[test]
+    fn malformed_control_messages_are_invalid_not_panics() {
+        let mut n = node(4, 1);
+        let bad_notice = Notice {
+            origin: Rank(0),
+            subject: Rank(40),
+            verdict: Verdict::Dead,
+            evidence: Evidence::ConnectionLost {
+                code: CloseCode::INTERNAL,
+            },
+            hops: u16::MAX,
+        };
+        let e = n
+            .handle(ms(1), frame(0, 0, Message::Notice(bad_notice)))
+            .unwrap_err();
+        assert_eq!(e.close_code(), Some(CloseCode::PROTOCOL_VIOLATION));
+        let ballot = Ballot {
+            round: 1,
+            coordinator: Rank(0),
+        };
+        let impostor = Message::Prepare(Prepare {
+            ballot: Ballot {
+                round: 1,
+                coordinator: Rank(2),
+            },
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, impostor)),
+            Err(InputError::Invalid { .. })
+        ));
+        let unsorted = Proposal {
+            comm: COMM,
+            epoch: Epoch(1),
+            removed: vec![Rank(3), Rank(2)],
+            joiners: vec![],
+        };
+        let propose = Message::Propose(Propose {
+            ballot,
+            proposal: unsorted,
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, propose)),
+            Err(InputError::Invalid { .. })
+        ));
+        let everyone = Proposal {
+            comm: COMM,
+            epoch: Epoch(1),
+            removed: (0..4).map(Rank).collect(),
+            joiners: vec![],
+        };
+        let commit = Message::Commit(Commit {
+            ballot,
+            proposal: everyone,
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, commit)),
+            Err(InputError::Invalid { .. })
+        ));
+        let far = Proposal {
+            comm: COMM,
+            epoch: Epoch(9),
+            removed: vec![],
+            joiners: vec![],
+        };
+        let commit = Message::Commit(Commit {
+            ballot,
+            proposal: far,
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, commit)),
+            Err(InputError::FutureEpoch { .. })
+        ));
+        let promise = Message::Promise(Promise {
+            ballot,
+            accepted: None,
+            absent: vec![Rank(u32::MAX)],
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, promise)),
+            Err(InputError::Invalid { .. })
+        ));
+        let accept = Message::Accept(Accept {
+            ballot,
+            ok: true,
+            absent: vec![Rank(4)],
+        });
+        assert!(matches!(
+            n.handle(ms(1), frame(0, 0, accept)),
+            Err(InputError::Invalid { .. })
+        ));
+        assert_eq!(n.epoch(), Epoch(0));
+        assert_eq!(n.status(), Status::Member);
+    }
+
+    #[test]
+    fn departure_is_a_message_then_a_close_then_silence() {
+        let mut n = node(8, 3);
+        intents(&mut n);
+        n.handle(
+            ms(5),
+            Input::Command(Command::Depart {
+                code: CloseCode::LEFT,
+                detail: "bye".into(),
+            }),
+        )
+        .unwrap();
+        let sent = transmits(&mut n);
+        assert!(!sent.is_empty());
+        assert!(
+            sent.iter()
+                .all(|t| matches!(&t.message, Message::Depart(d) if d.code == CloseCode::LEFT))
+        );
+        let closes = intents(&mut n);
+        assert_eq!(closes.len(), sent.len());
+        assert!(closes.iter().all(|i| matches!(
+            i,
+            ConnectionIntent::Close {
+                code: CloseCode::LEFT,
+                ..
+            }
+        )));
+        assert_eq!(
+            n.status(),
+            Status::Departed {
+                code: CloseCode::LEFT
+            }
+        );
+        assert_eq!(n.poll_timeout(), None);
+        assert_eq!(n.handle(ms(6), Input::Timeout), Err(InputError::Inactive));
+        assert_eq!(
+            n.handle(ms(6), Input::Command(Command::Abort)),
+            Ok(()),
+            "abort after leaving is a no-op"
+        );
+        assert!(transmits(&mut n).is_empty());
+    }
+
+    #[test]
+    fn a_depart_frame_or_a_departure_close_is_learned_at_once() {
+        let mut n = node(8, 3);
+        let depart = Message::Depart(Depart {
+            code: CloseCode::NORMAL,
+            detail: String::new(),
+        });
+        n.handle(ms(1), frame(6, 0, depart)).unwrap();
+        n.handle(
+            ms(1),
+            Input::ConnectionClosed {
+                epoch: Epoch(0),
+                peer: Rank(2),
+                code: CloseCode::ABORTED,
+            },
+        )
+        .unwrap();
+        let departed: Vec<(Rank, CloseCode)> = events(&mut n)
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::PeerDeparted { rank, code, .. } => Some((rank, code)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            departed,
+            vec![(Rank(6), CloseCode::NORMAL), (Rank(2), CloseCode::ABORTED)]
+        );
+        assert_eq!(n.ledger().state(Rank(6)), PeerState::Departed);
+        // A close from a live peer refusing us is not evidence.
+        n.handle(
+            ms(2),
+            Input::ConnectionClosed {
+                epoch: Epoch(0),
+                peer: Rank(5),
+                code: CloseCode::STALE_EPOCH,
+            },
+        )
+        .unwrap();
+        assert!(!n.ledger().is_absent(Rank(5)));
+    }
+
+    #[test]
+    fn conclusive_local_evidence_acts_without_waiting() {
+        let mut n = node(8, 3);
+        n.handle(
+            ms(1),
+            Input::ConnectionLost {
+                epoch: Epoch(0),
+                peer: Rank(5),
+                code: CloseCode::INTERNAL,
+            },
+        )
+        .unwrap();
+        n.handle(
+            ms(1),
+            Input::PeerExited {
+                epoch: Epoch(0),
+                peer: Rank(6),
+                status: 9,
+                witness: Witness::Pidfd,
+            },
+        )
+        .unwrap();
+        n.handle(
+            ms(1),
+            Input::PeerExited {
+                epoch: Epoch(0),
+                peer: Rank(7),
+                status: 0,
+                witness: Witness::Launcher,
+            },
+        )
+        .unwrap();
+        let evidence: Vec<(Rank, Evidence)> = events(&mut n)
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::PeerDead { rank, evidence, .. } => Some((rank, evidence)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            evidence,
+            vec![
+                (
+                    Rank(5),
+                    Evidence::ConnectionLost {
+                        code: CloseCode::INTERNAL
+                    }
+                ),
+                (Rank(6), Evidence::ProcessExited { status: 9 }),
+                (Rank(7), Evidence::LauncherWitness { status: 0 }),
+            ]
+        );
+        let rows = n.peers(ms(1));
+        assert_eq!(rows.len(), 8);
+        assert_eq!(rows[5].state, PeerState::Dead);
+        assert_eq!(rows[3].state, PeerState::Alive);
+    }
+
+    #[test]
+    fn revoke_is_idempotent_and_floods_once() {
+        let mut n = node(8, 3);
+        n.handle(ms(1), Input::Command(Command::Revoke)).unwrap();
+        assert_eq!(
+            events(&mut n),
+            vec![Event::Revoked {
+                epoch: Epoch(0),
+                origin: Rank(3)
+            }]
+        );
+        assert_eq!(
+            transmits(&mut n)
+                .iter()
+                .filter(|t| matches!(t.message, Message::Revoke(_)))
+                .count(),
+            3
+        );
+        n.handle(ms(2), Input::Command(Command::Revoke)).unwrap();
+        n.handle(
+            ms(2),
+            frame(
+                1,
+                0,
+                Message::Revoke(Revoke {
+                    origin: Rank(1),
+                    hops: 0,
+                }),
+            ),
+        )
+        .unwrap();
+        assert!(events(&mut n).is_empty());
+        assert!(
+            transmits(&mut n)
+                .iter()
+                .all(|t| !matches!(t.message, Message::Revoke(_)))
+        );
+        assert_eq!(n.revoked_by(), Some(Rank(3)));
+        assert_ne!(
+            n.digest(),
+            Digest::default(),
+            "the revocation is in the digest"
+        );
+    }
+
+    #[test]
+    fn declared_dead_while_stalled_means_evicted() {
+        let mut n = node(4, 1);
+        n.handle(ms(0), Input::Timeout).unwrap();
+        let accusation = Notice {
+            origin: Rank(2),
+            subject: Rank(1),
+            verdict: Verdict::Dead,
+            evidence: Evidence::MissedDeadline {
+                silent_ms: 2000,
+                deadline_ms: 2000,
+            },
+            hops: 0,
+        };
+        // Running normally: an accusation is not enough.
+        n.handle(ms(100), frame(2, 0, Message::Notice(accusation)))
+            .unwrap();
+        assert_eq!(n.status(), Status::Member);
+        // Frozen for three seconds (woken far past its timer), then told it was declared dead.
+        n.handle(ms(3_300), frame(2, 0, Message::Notice(accusation)))
+            .unwrap();
+        assert_eq!(n.status(), Status::Evicted);
+        let evs = events(&mut n);
+        assert!(
+            evs.iter().any(|e| matches!(
+                e,
+                Event::Evicted {
+                    cause: Eviction::Declared {
+                        origin: Rank(2),
+                        ..
+                    },
+                    ..
+                }
+            )),
+            "{evs:?}"
+        );
+        assert!(
+            evs.iter().all(|e| !matches!(e, Event::PeerDead { .. })),
+            "its own stall must not condemn its peers"
+        );
+        assert!(intents(&mut n).iter().any(|i| matches!(
+            i,
+            ConnectionIntent::Close {
+                code: CloseCode::ABORTED,
+                ..
+            }
+        )));
+        assert_eq!(
+            n.handle(ms(3_301), Input::Timeout),
+            Err(InputError::Inactive)
+        );
+    }
+
+    #[test]
+    fn a_close_with_evicted_evicts() {
+        let mut n = node(4, 1);
+        n.handle(
+            ms(1),
+            Input::ConnectionClosed {
+                epoch: Epoch(0),
+                peer: Rank(0),
+                code: CloseCode::EVICTED,
+            },
+        )
+        .unwrap();
+        assert_eq!(n.status(), Status::Evicted);
+        assert!(matches!(
+            events(&mut n).as_slice(),
+            [Event::Evicted {
+                cause: Eviction::Closed { peer: Rank(0) },
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn a_sole_member_agrees_with_itself() {
+        let mut n = node(1, 0);
+        n.handle(ms(1), Input::Command(Command::Shrink)).unwrap();
+        let agreed = events(&mut n).into_iter().find_map(|e| match e {
+            Event::MembershipAgreed(a) => Some(a),
+            _ => None,
+        });
+        let agreed = agreed.expect("agreed");
+        assert_eq!(
+            (agreed.epoch(), agreed.world(), agreed.rank),
+            (Epoch(1), 1, Rank(0))
+        );
+        assert_eq!(n.epoch(), Epoch(1));
+    }
+
+    /// Three members, rank 2 dead: rank 0 coordinates the shrink by hand-carried frames,
+    /// and afterwards answers a laggard's stale frame with the commit it missed.
+    #[test]
+    fn shrink_by_paxos_then_catch_up_a_laggard() {
+        let mut c = node(3, 0);
+        let mut m = node(3, 1);
+        for n in [&mut c, &mut m] {
+            n.handle(
+                ms(1),
+                Input::ConnectionLost {
+                    epoch: Epoch(0),
+                    peer: Rank(2),
+                    code: CloseCode::INTERNAL,
+                },
+            )
+            .unwrap();
+            transmits(n);
+            events(n);
+        }
+        m.handle(ms(2), Input::Command(Command::Shrink)).unwrap();
+        assert!(
+            transmits(&mut m).is_empty(),
+            "rank 1 waits for the lowest present rank to coordinate"
+        );
+        c.handle(ms(2), Input::Command(Command::Shrink)).unwrap();
+        let prepare = transmits(&mut c);
+        assert_eq!(prepare.len(), 1);
+        assert_eq!(prepare[0].to, Rank(1));
+        m.handle(ms(3), frame(0, 0, prepare[0].message.clone()))
+            .unwrap();
+        let promise = transmits(&mut m);
+        assert!(matches!(&promise[0].message, Message::Promise(p) if p.absent == vec![Rank(2)]));
+        c.handle(ms(4), frame(1, 0, promise[0].message.clone()))
+            .unwrap();
+        let propose = transmits(&mut c);
+        let Message::Propose(p) = &propose[0].message else {
+            panic!("{propose:?}")
+        };
+        assert_eq!(p.proposal.removed, vec![Rank(2)]);
+        assert_eq!(p.proposal.epoch, Epoch(1));
+        m.handle(ms(5), frame(0, 0, propose[0].message.clone()))
+            .unwrap();
+        let accept = transmits(&mut m);
+        c.handle(ms(6), frame(1, 0, accept[0].message.clone()))
+            .unwrap();
+        assert_eq!(c.epoch(), Epoch(1));
+        let agreed = events(&mut c).into_iter().find_map(|e| match e {
+            Event::MembershipAgreed(a) => Some(a),
+            _ => None,
+        });
+        let agreed = agreed.expect("the coordinator installed");
+        assert_eq!(
+            (agreed.world(), agreed.rank, agreed.plan.removed()),
+            (2, Rank(0), &[Rank(2)][..])
+        );
+        let flood = transmits(&mut c);
+        let commit = flood
+            .iter()
+            .find(|t| matches!(t.message, Message::Commit(_)))
+            .expect("commit flooded");
+        assert_eq!((commit.to, commit.epoch), (Rank(1), Epoch(0)));
+        assert!(intents(&mut c).iter().any(|i| matches!(
+            i,
+            ConnectionIntent::Close {
+                peer: Rank(2),
+                code: CloseCode::EVICTED,
+                ..
+            }
+        )));
+        // The member never got the commit; its next stale heartbeat is answered with it.
+        assert_eq!(
+            c.handle(ms(7), frame(1, 0, heartbeat())),
+            Err(InputError::StaleEpoch {
+                frame: Epoch(0),
+                current: Epoch(1)
+            })
+        );
+        assert!(
+            transmits(&mut c).is_empty(),
+            "the flood gets a heartbeat interval first"
+        );
+        assert!(c.handle(ms(300), frame(1, 0, heartbeat())).is_err());
+        let catch_up: Vec<Transmit> = transmits(&mut c)
+            .into_iter()
+            .filter(|t| t.epoch == Epoch(0))
+            .collect();
+        assert!(
+            matches!(
+                catch_up.as_slice(),
+                [Transmit {
+                    to: Rank(1),
+                    message: Message::Commit(_),
+                    ..
+                }]
+            ),
+            "{catch_up:?}"
+        );
+        m.handle(ms(301), frame(0, 0, catch_up[0].message.clone()))
+            .unwrap();
+        assert_eq!((m.epoch(), m.rank(), m.world()), (Epoch(1), Rank(1), 2));
+        // Nothing from the old epoch is accepted after the commit.
+        assert!(matches!(
+            m.handle(ms(302), frame(0, 0, heartbeat())),
+            Err(InputError::StaleEpoch { .. })
+        ));
+    }
+
+    #[test]
+    fn a_frame_from_a_dead_rank_is_answered_with_its_verdict() {
+        let mut n = node(4, 1);
+        n.handle(
+            ms(1),
+            Input::ConnectionLost {
+                epoch: Epoch(0),
+                peer: Rank(3),
+                code: CloseCode::INTERNAL,
+            },
+        )
+        .unwrap();
+        transmits(&mut n);
+        assert_eq!(
+            n.handle(ms(2), frame(3, 0, heartbeat())),
+            Err(InputError::FromAbsent { rank: Rank(3) })
+        );
+        let reply = transmits(&mut n);
+        assert!(matches!(
+            reply.as_slice(),
+            [Transmit {
+                to: Rank(3),
+                message: Message::Notice(Notice {
+                    subject: Rank(3),
+                    verdict: Verdict::Dead,
+                    ..
+                }),
+                ..
+            }]
+        ));
+        assert!(n.handle(ms(3), frame(3, 0, heartbeat())).is_err());
+        assert!(transmits(&mut n).is_empty(), "rate limited");
+    }
+
+    #[test]
+    fn a_differing_digest_is_repaired_by_pushing_notices() {
+        let mut n = node(8, 3);
+        n.handle(
+            ms(1),
+            Input::ConnectionLost {
+                epoch: Epoch(0),
+                peer: Rank(6),
+                code: CloseCode::INTERNAL,
+            },
+        )
+        .unwrap();
+        transmits(&mut n);
+        // Rank 2 heartbeats with an empty digest long after: it missed the notice.
+        n.handle(ms(500), frame(2, 0, heartbeat())).unwrap();
+        let pushed = transmits(&mut n);
+        assert!(pushed.iter().any(|t| t.to == Rank(2)
+            && matches!(
+                t.message,
+                Message::Notice(Notice {
+                    subject: Rank(6),
+                    ..
+                })
+            )));
+        assert!(pushed.iter().any(|t| t.to == Rank(2)
+            && matches!(t.message, Message::Heartbeat(h) if h.digest == n.digest().get())));
+        n.handle(ms(501), frame(2, 0, heartbeat())).unwrap();
+        assert!(
+            transmits(&mut n).iter().all(|t| t.to != Rank(2)),
+            "rate limited to one repair per interval"
+        );
+    }
+
+    #[test]
+    fn closing_an_old_epochs_stream_is_not_a_departure() {
+        let mut n = node(1, 0);
+        n.handle(ms(1), Input::Command(Command::Shrink)).unwrap();
+        assert_eq!(n.epoch(), Epoch(1));
+        let old = Input::ConnectionClosed {
+            peer: Rank(0),
+            epoch: Epoch(0),
+            code: CloseCode::NORMAL,
+        };
+        assert!(matches!(
+            n.handle(ms(2), old),
+            Err(InputError::StaleEpoch { .. })
+        ));
+        assert_eq!(n.status(), Status::Member);
+    }
+
+    #[test]
+    fn a_relayed_grow_join_is_coordinated_here() {
+        let mut n = node(3, 2);
+        let joiner = PeerInfo {
+            rank: LAUNCHER,
+            host: "new".into(),
+            pid: 1,
+            control: chorus_protocol::message::WireAddr {
+                ip: [0; 16],
+                port: 1,
+            },
+            data: chorus_protocol::message::WireAddr {
+                ip: [0; 16],
+                port: 2,
+            },
+            fingerprint: [7; 32],
+            caps: 0,
+            incarnation: 0,
+        };
+        let join = Message::Join(chorus_protocol::message::Join {
+            world: 0,
+            peer: joiner,
+        });
+        n.handle(ms(1), frame(0, 0, join)).unwrap();
+        let prepares = transmits(&mut n)
+            .into_iter()
+            .filter(|t| matches!(t.message, Message::Prepare(Prepare { ballot }) if ballot.coordinator == Rank(2)))
+            .count();
+        assert_eq!(prepares, 2);
+        assert_eq!(n.pending_joiners().len(), 1);
+    }
+
+    #[test]
+    fn a_launcher_witness_notice_is_accepted() {
+        let mut n = node(4, 1);
+        let witness = Notice {
+            origin: LAUNCHER,
+            subject: Rank(3),
+            verdict: Verdict::Dead,
+            evidence: Evidence::LauncherWitness { status: -9 },
+            hops: 0,
+        };
+        n.handle(ms(1), frame(0, 0, Message::Notice(witness)))
+            .unwrap();
+        assert!(n.ledger().is_absent(Rank(3)));
+        // A rankless origin with any other evidence is malformed.
+        let forged = Notice {
+            subject: Rank(2),
+            evidence: Evidence::ProcessExited { status: 0 },
+            ..witness
+        };
+        assert!(matches!(
+            n.handle(ms(2), frame(0, 0, Message::Notice(forged))),
+            Err(InputError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn a_long_departure_detail_is_cut_to_what_the_wire_carries() {
+        let mut n = node(2, 0);
+        let detail = "é".repeat(400);
+        n.handle(
+            ms(1),
+            Input::Command(Command::Depart {
+                code: CloseCode::LEFT,
+                detail,
+            }),
+        )
+        .unwrap();
+        let sent = transmits(&mut n);
+        let Message::Depart(d) = &sent[0].message else {
+            panic!("{sent:?}")
+        };
+        assert!(d.detail.len() <= MAX_DETAIL && d.detail.len() >= MAX_DETAIL - 1);
+    }
+
+    #[test]
+    fn a_rejected_config_is_an_error() {
+        let view = View::new(COMM, Epoch(0), 2, Rank(0)).unwrap();
+        let config = Config {
+            observers: 0,
+            ..Config::default()
+        };
+        assert_eq!(
+            Node::new(config, view, ms(0)).unwrap_err(),
+            ConfigError::NoObservers
+        );
+    }
+}

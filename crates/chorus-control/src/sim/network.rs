@@ -1,0 +1,89 @@
+//! The simulated network: one-way latency with jitter, loss, and partitions.
+
+use std::time::Duration;
+
+use super::rng::Rng;
+use crate::time::Instant;
+
+/// How frames travel between simulated processes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Net {
+    /// Fixed one-way latency.
+    pub latency: Duration,
+    /// Mean of the exponential extra delay added to each frame independently (so frames
+    /// overtake each other: reordering).
+    pub jitter: Duration,
+    /// Cap on the extra delay; `latency + jitter_cap` is the worst one-way latency.
+    pub jitter_cap: Duration,
+    /// Probability that a frame is lost.
+    pub loss: f64,
+    /// Network partitions.
+    pub partitions: Vec<Partition>,
+}
+
+/// Processes `lo..hi` (by their initial rank) are cut off from all others between `from`
+/// and `until`: frames sent across the cut in that window are lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Partition {
+    pub lo: u32,
+    pub hi: u32,
+    pub from: Instant,
+    pub until: Instant,
+}
+
+impl Partition {
+    /// Whether the window lasts at least `d`.
+    pub fn lasts(&self, d: Duration) -> bool {
+        self.until.saturating_since(self.from) >= d
+    }
+
+    fn inside(&self, proc: u32) -> bool {
+        (self.lo..self.hi).contains(&proc)
+    }
+
+    fn cuts(&self, a: u32, b: u32, at: Instant) -> bool {
+        at >= self.from && at < self.until && self.inside(a) != self.inside(b)
+    }
+}
+
+impl Net {
+    /// A loss-free network with a fixed latency.
+    pub fn fixed(latency: Duration) -> Net {
+        Net {
+            latency,
+            jitter: Duration::ZERO,
+            jitter_cap: Duration::ZERO,
+            loss: 0.0,
+            partitions: Vec::new(),
+        }
+    }
+
+    /// The worst one-way latency.
+    pub fn max_latency(&self) -> Duration {
+        self.latency + self.jitter_cap
+    }
+
+    /// The delay of one frame from `a` to `b` sent at `at`, or `None` if it is lost.
+    pub(crate) fn delay(&self, rng: &mut Rng, a: u32, b: u32, at: Instant) -> Option<Duration> {
+        if self.partitions.iter().any(|p| p.cuts(a, b, at)) {
+            return None;
+        }
+        if self.loss > 0.0 && rng.chance(self.loss) {
+            return None;
+        }
+        Some(self.latency + self.extra(rng))
+    }
+
+    /// A delay for a connection-level signal (not subject to loss: the transport retries).
+    pub(crate) fn signal_delay(&self, rng: &mut Rng) -> Duration {
+        self.latency + self.extra(rng)
+    }
+
+    fn extra(&self, rng: &mut Rng) -> Duration {
+        if self.jitter.is_zero() {
+            return Duration::ZERO;
+        }
+        let micros = rng.exponential(self.jitter.as_micros() as f64);
+        Duration::from_micros(micros as u64).min(self.jitter_cap)
+    }
+}

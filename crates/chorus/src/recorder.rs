@@ -1,0 +1,273 @@
+//! The flight recorder: the last operations of a communicator, what each was doing and whom
+//! it was waiting on, kept cheaply while everything works so that a hang or a failure can
+//! be explained (seed `000_…` spent hours finding which rank a job waited on).
+//!
+//! It is the engine's [`OpObserver`]: the engine tells it when an operation starts and ends,
+//! and the live step and awaited peer are read from the engine's [`OpProgress`] atomics only
+//! when someone asks (an error, `chorus status`, the deadline watchdog).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use chorus_engine::context::AbortReason;
+use chorus_engine::error::OpError;
+use chorus_engine::progress::{OpObserver, OpProgress};
+use chorus_protocol::message::{OpRecord, OpState};
+use chorus_protocol::{OpSeq, Rank};
+
+/// A bounded history of operations (the running ones and the most recent finished ones).
+#[derive(Debug)]
+pub struct Recorder {
+    capacity: usize,
+    entries: Mutex<VecDeque<Entry>>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    op: Arc<OpProgress>,
+    started: Instant,
+    ended: Option<Instant>,
+}
+
+impl Recorder {
+    /// A recorder keeping up to `capacity` finished operations besides the running ones.
+    pub fn new(capacity: usize) -> Self {
+        Recorder {
+            capacity: capacity.max(1),
+            entries: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Entry>> {
+        // A panic while holding this lock cannot leave the deque inconsistent (every
+        // mutation is a single push, pop or field store), so a poisoned lock is still usable.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The newest `max` entries, oldest first, as the protocol's `OpRecord`s.
+    pub fn records(&self, max: usize, now: Instant) -> Vec<OpRecord> {
+        let entries = self.lock();
+        let skip = entries.len().saturating_sub(max);
+        entries.iter().skip(skip).map(|e| e.record(now)).collect()
+    }
+
+    /// The peer the oldest still-running operation is blocked on, if any: the answer to
+    /// "whom is this rank waiting for".
+    pub fn waiting_on(&self) -> Option<Rank> {
+        self.lock()
+            .iter()
+            .filter(|e| e.ended.is_none())
+            .find_map(|e| e.op.snapshot().waiting_on)
+    }
+
+    /// Aborts every running operation that started before `now - timeout` with a timeout
+    /// reason naming its wait; returns how many it aborted. Called by the runtime's
+    /// watchdog, the owner of the clock (the engine has none).
+    pub fn abort_overdue(&self, now: Instant, timeout: Duration) -> usize {
+        let overdue: Vec<Arc<OpProgress>> = self
+            .lock()
+            .iter()
+            .filter(|e| e.ended.is_none() && now.saturating_duration_since(e.started) >= timeout)
+            .map(|e| e.op.clone())
+            .collect();
+        let mut aborted = 0;
+        for op in overdue {
+            let s = op.snapshot();
+            let wait = match s.waiting_on {
+                Some(peer) => format!("{} {} step {} on {peer}", s.collective, s.seq, s.step),
+                None => format!("{} {} step {}", s.collective, s.seq, s.step),
+            };
+            if op
+                .context()
+                .abort(AbortReason::timeout(wait, timeout.as_millis() as u64))
+            {
+                aborted += 1;
+            }
+        }
+        aborted
+    }
+
+    /// The earliest instant at which a running operation passes `timeout`.
+    pub fn next_deadline(&self, timeout: Duration) -> Option<Instant> {
+        self.lock()
+            .iter()
+            .filter(|e| e.ended.is_none())
+            .map(|e| e.started + timeout)
+            .min()
+    }
+
+    /// Sequence numbers of the running operations.
+    pub fn running(&self) -> Vec<OpSeq> {
+        self.lock()
+            .iter()
+            .filter(|e| e.ended.is_none())
+            .map(|e| e.op.snapshot().seq)
+            .collect()
+    }
+
+    fn trim(&self, entries: &mut VecDeque<Entry>) {
+        // Drop the oldest finished entries past capacity; running ones always stay.
+        while entries.iter().filter(|e| e.ended.is_some()).count() > self.capacity {
+            match entries.iter().position(|e| e.ended.is_some()) {
+                Some(i) => {
+                    entries.remove(i);
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+impl Entry {
+    fn record(&self, now: Instant) -> OpRecord {
+        let s = self.op.snapshot();
+        let end = self.ended.unwrap_or(now);
+        OpRecord {
+            seq: s.seq,
+            collective: s.collective.code(),
+            bytes: s.bytes,
+            algorithm: s.algorithm.to_owned(),
+            state: s.state,
+            step: s.step,
+            waiting_on: if s.state == OpState::Running {
+                s.waiting_on
+            } else {
+                None
+            },
+            age_ms: millis(now.saturating_duration_since(self.started)),
+            elapsed_ms: millis(end.saturating_duration_since(self.started)),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl OpObserver for Recorder {
+    fn started(&self, op: &Arc<OpProgress>) {
+        let mut entries = self.lock();
+        entries.push_back(Entry {
+            op: op.clone(),
+            started: Instant::now(),
+            ended: None,
+        });
+        self.trim(&mut entries);
+    }
+
+    fn finished(&self, op: &Arc<OpProgress>, _result: Result<(), &OpError>) {
+        let mut entries = self.lock();
+        if let Some(e) = entries.iter_mut().rev().find(|e| Arc::ptr_eq(&e.op, op)) {
+            e.ended = Some(Instant::now());
+        }
+        self.trim(&mut entries);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use chorus_engine::local::mesh;
+    use chorus_engine::{
+        Buffer, Context, Engine, EngineConfig, HeldLimit, HostDevice, LocalLink, Reduction,
+    };
+    use chorus_protocol::{Collective, DType};
+    use futures::executor::block_on;
+    use std::thread;
+
+    type Eng = Engine<HostDevice, LocalLink<Bytes>>;
+
+    fn pair(recorder: &Arc<Recorder>) -> (Eng, Eng) {
+        let root = Context::root();
+        let mut links = mesh::<Bytes>(2, HeldLimit::default()).into_iter();
+        let mk = |r: u32, l| {
+            Engine::new(
+                Rank(r),
+                2,
+                l,
+                Arc::new(HostDevice),
+                &root,
+                EngineConfig::default(),
+            )
+            .unwrap()
+        };
+        let a = mk(0, links.next().unwrap()).with_observer(recorder.clone());
+        let b = mk(1, links.next().unwrap());
+        (a, b)
+    }
+
+    fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !f() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{what} never happened"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn names_the_peer_a_blocked_operation_waits_on_and_times_it_out() {
+        let recorder = Arc::new(Recorder::new(8));
+        let (a, _silent) = pair(&recorder);
+        thread::scope(|s| {
+            let h = s.spawn(|| {
+                let mut buf = [0u8; 64];
+                block_on(a.all_reduce(
+                    Buffer::InPlace(&mut buf[..]),
+                    16,
+                    DType::F32,
+                    Reduction::Sum,
+                ))
+            });
+            wait_until("blocking on r1", || recorder.waiting_on() == Some(Rank(1)));
+            let records = recorder.records(10, Instant::now());
+            assert_eq!(records.len(), 1);
+            assert_eq!(records[0].collective, Collective::AllReduce.code());
+            assert_eq!(records[0].state, OpState::Running);
+            assert_eq!(records[0].waiting_on, Some(Rank(1)));
+            assert!(recorder.next_deadline(Duration::from_secs(60)).is_some());
+            // Not overdue yet under a long timeout; overdue under a zero one.
+            assert_eq!(
+                recorder.abort_overdue(Instant::now(), Duration::from_secs(60)),
+                0
+            );
+            assert_eq!(recorder.abort_overdue(Instant::now(), Duration::ZERO), 1);
+            let err = h.join().unwrap().unwrap_err();
+            let reason = err
+                .abort_reason()
+                .expect("aborted by the watchdog")
+                .to_string();
+            assert!(reason.contains("timed out"), "{reason}");
+            assert!(reason.contains("on r1"), "names the awaited peer: {reason}");
+        });
+        let records = recorder.records(10, Instant::now());
+        assert_eq!(records[0].state, OpState::Aborted);
+        assert_eq!(recorder.waiting_on(), None);
+        assert!(recorder.running().is_empty());
+        assert_eq!(recorder.next_deadline(Duration::ZERO), None);
+    }
+
+    #[test]
+    fn keeps_a_bounded_history() {
+        let recorder = Arc::new(Recorder::new(3));
+        let (a, b) = pair(&recorder);
+        for _ in 0..10 {
+            thread::scope(|s| {
+                s.spawn(|| block_on(b.barrier()).unwrap());
+                block_on(a.barrier()).unwrap();
+            });
+        }
+        let records = recorder.records(100, Instant::now());
+        assert_eq!(records.len(), 3, "only the newest finished operations stay");
+        assert!(records.iter().all(|r| r.state == OpState::Done));
+        assert!(
+            records.windows(2).all(|w| w[0].seq < w[1].seq),
+            "oldest first"
+        );
+        assert_eq!(recorder.records(1, Instant::now()).len(), 1);
+    }
+}

@@ -1,0 +1,374 @@
+//! The runtime: the control thread that drives `chorus-control` over real transports.
+//!
+//! A [`Session`] is one control thread (a tokio current-thread runtime nothing else runs on:
+//! not user code, not the data plane, not an embedding interpreter's GIL — principle 2), one
+//! QUIC endpoint for control streams, and one data-plane listener. Every communicator a
+//! process builds from one `init` (and its split, shrunk and grown descendants) shares the
+//! session; each communicator lineage has a control driver task on that thread
+//! ([`lineage`]).
+//!
+//! User-facing calls never block on the control thread's runtime: they send a request and
+//! await a reply the control thread always gives by a deadline (or drops, which is also an
+//! answer), so every wait of `init`, `shrink`, `grow` and `destroy` is bounded by the
+//! control thread's clock.
+
+pub(crate) mod clock;
+pub(crate) mod lineage;
+pub(crate) mod links;
+pub(crate) mod registry;
+pub(crate) mod root;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use chorus_protocol::message::{PeerInfo, Role, WireAddr};
+use chorus_protocol::{CloseCode, JobSecret, Rank};
+use chorus_transport::{
+    Backend, Identity, Liveness, QuicEndpoint, TcpListener, TcpTransport, TransportConfig,
+    TransportError,
+};
+use tokio::sync::oneshot;
+
+use crate::config::{Config, TransportChoice};
+use crate::error::{Error, ErrorKind};
+pub(crate) use clock::Clock;
+use registry::Registry;
+
+/// One control thread and the endpoints it serves.
+pub(crate) struct Session {
+    pub(crate) config: Config,
+    pub(crate) secret: JobSecret,
+    pub(crate) identity: Identity,
+    /// This host's identity string (`host::identity`).
+    pub(crate) host: String,
+    pub(crate) clock: Clock,
+    pub(crate) handle: tokio::runtime::Handle,
+    pub(crate) quic: QuicEndpoint,
+    pub(crate) control_addr: SocketAddr,
+    /// The TCP transport for data links (`None` when data goes over QUIC).
+    pub(crate) tcp: Option<TcpTransport>,
+    pub(crate) data_addr: SocketAddr,
+    pub(crate) registry: Arc<Registry>,
+    /// Distinguishes this process's incarnation in peer tables.
+    pub(crate) incarnation: u64,
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    exited: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("control", &self.control_addr)
+            .field("data", &self.data_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Starts a control thread with its endpoints bound on `config.bind`; resolves once they
+    /// listen (or with the reason they cannot).
+    pub(crate) async fn start(config: Config, secret: JobSecret) -> Result<Arc<Session>, Error> {
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (exited_tx, exited_rx) = std::sync::mpsc::channel();
+        let spawned = thread::Builder::new()
+            .name("chorus-control".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(Error::new(
+                            ErrorKind::Internal,
+                            format!("cannot build the control thread's runtime: {e}"),
+                        )));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let (stop_tx, stop_rx) = oneshot::channel();
+                    match Session::bind(config, secret, stop_tx).await {
+                        Ok((session, listener)) => {
+                            session.spawn_accept_loops(listener);
+                            let _ = ready_tx.send(Ok(session.clone()));
+                            drop(session);
+                            // Serve until the last communicator lets the session go.
+                            let _ = stop_rx.await;
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                });
+                // Dropping the runtime cancels every task still on it; their connections close.
+                drop(rt);
+                let _ = exited_tx.send(());
+            });
+        if let Err(e) = spawned {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("cannot start the control thread: {e}"),
+            ));
+        }
+        let session = ready_rx.await.map_err(|_| {
+            Error::new(
+                ErrorKind::Internal,
+                "the control thread ended while starting",
+            )
+        })??;
+        if let Ok(mut slot) = session.exited.lock() {
+            *slot = Some(exited_rx);
+        }
+        Ok(session)
+    }
+
+    async fn bind(
+        config: Config,
+        secret: JobSecret,
+        stop: oneshot::Sender<()>,
+    ) -> Result<(Arc<Session>, Option<TcpListener>), Error> {
+        let transport_error = |what: &str, e: TransportError| {
+            Error::new(ErrorKind::Transport, format!("{what}: {e}"))
+        };
+        let identity =
+            Identity::generate().map_err(|e| transport_error("cannot make a certificate", e))?;
+        let registry = Arc::new(Registry::default());
+        let admission: chorus_transport::Admission = {
+            let registry = registry.clone();
+            Arc::new(move |comm, epoch, role| registry.admit(comm, epoch, role))
+        };
+        let tcfg = transport_config(&config);
+        let liveness = Liveness {
+            heartbeat_interval: config.heartbeat_interval,
+            deadline: config.heartbeat_deadline,
+        };
+        let quic = QuicEndpoint::bind(
+            SocketAddr::new(config.bind, 0),
+            &identity,
+            secret.clone(),
+            tcfg.clone(),
+            liveness,
+            admission.clone(),
+        )
+        .map_err(|e| transport_error("cannot bind the control endpoint", e))?;
+        let control_addr = quic
+            .local_addr()
+            .map_err(|e| transport_error("control endpoint address", e))?;
+        let (tcp, listener, data_addr) = match config.transport {
+            TransportChoice::Quic => (None, None, control_addr),
+            _ => {
+                let tcp = TcpTransport::new(tcfg, secret.clone())
+                    .map_err(|e| transport_error("cannot start the TCP transport", e))?;
+                let listener = tcp
+                    .listen(SocketAddr::new(config.bind, 0), admission)
+                    .await
+                    .map_err(|e| transport_error("cannot listen for data links", e))?;
+                let addr = listener.local_addr();
+                (Some(tcp), Some(listener), addr)
+            }
+        };
+        tracing::debug!(%control_addr, %data_addr, "session bound");
+        let session = Arc::new(Session {
+            host: crate::host::identity(),
+            clock: Clock::new(),
+            handle: tokio::runtime::Handle::current(),
+            incarnation: rand::random(),
+            config,
+            secret,
+            identity,
+            quic,
+            control_addr,
+            tcp,
+            data_addr,
+            registry,
+            stop: Mutex::new(Some(stop)),
+            exited: Mutex::new(None),
+        });
+        Ok((session, listener))
+    }
+
+    /// This member's entry in a peer table.
+    pub(crate) fn peer_info(&self, rank: Rank) -> PeerInfo {
+        let mut caps = chorus_protocol::caps::QUIC;
+        if self.tcp.is_some() {
+            caps |= chorus_protocol::caps::TCP;
+        }
+        PeerInfo {
+            rank,
+            host: self.host.clone(),
+            pid: std::process::id(),
+            control: wire_addr(self.control_addr),
+            data: wire_addr(self.data_addr),
+            fingerprint: self.identity.fingerprint().0,
+            caps,
+            incarnation: self.incarnation,
+        }
+    }
+
+    /// Runs `fut` on the control thread and returns its output, without ever blocking the
+    /// caller's executor (the reply arrives through a channel the control thread answers).
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T, Error> {
+        let (tx, rx) = oneshot::channel();
+        self.handle.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        // A oneshot receiver needs no runtime to be awaited, and it fails (rather than
+        // hangs) if the control thread drops the task.
+        rx.await
+            .map_err(|_| Error::new(ErrorKind::Internal, "the control thread went away"))
+    }
+
+    fn spawn_accept_loops(self: &Arc<Self>, listener: Option<TcpListener>) {
+        let weak = Arc::downgrade(self);
+        let quic = self.quic.clone();
+        self.handle.spawn(async move {
+            loop {
+                match quic.accept(Duration::from_secs(3600)).await {
+                    Ok(conn) => {
+                        let Some(session) = weak.upgrade() else { break };
+                        session.route_quic(conn);
+                    }
+                    Err(TransportError::Shutdown) => break,
+                    Err(e) => {
+                        if weak.strong_count() == 0 {
+                            break;
+                        }
+                        tracing::trace!(error = %e, "control accept");
+                    }
+                }
+            }
+        });
+        if let Some(mut listener) = listener {
+            let weak = Arc::downgrade(self);
+            self.handle.spawn(async move {
+                loop {
+                    match listener.accept(Duration::from_secs(3600)).await {
+                        Ok(conn) => {
+                            let Some(session) = weak.upgrade() else { break };
+                            let (comm, epoch, peer) = (conn.comm(), conn.epoch(), conn.peer_rank());
+                            match conn.into_link() {
+                                Ok(link) => {
+                                    session.registry.deliver(comm, epoch, peer, Arc::new(link))
+                                }
+                                Err(e) => tracing::debug!(error = %e, "refused a data connection"),
+                            }
+                        }
+                        Err(TransportError::Shutdown) => break,
+                        Err(e) => {
+                            if weak.strong_count() == 0 {
+                                break;
+                            }
+                            tracing::trace!(error = %e, "data accept");
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    fn route_quic(self: &Arc<Self>, conn: chorus_transport::QuicConnection) {
+        let (comm, epoch, peer, role) = (conn.comm(), conn.epoch(), conn.peer_rank(), conn.role());
+        match role {
+            Role::Data => match conn.into_link() {
+                Ok(link) => self.registry.deliver(comm, epoch, peer, Arc::new(link)),
+                Err(e) => tracing::debug!(error = %e, "refused a QUIC data connection"),
+            },
+            Role::Member | Role::Launcher | Role::Joiner | Role::Status => {
+                let Some(lineage) = self.registry.lineage(comm) else {
+                    let channel = conn.into_control();
+                    channel.close(CloseCode::UNKNOWN_COMM, "communicator gone");
+                    return;
+                };
+                let channel = Arc::new(conn.into_control());
+                let _ = lineage.send(lineage::LineageMsg::Channel {
+                    peer,
+                    epoch,
+                    role,
+                    channel,
+                });
+            }
+            Role::Bootstrap => {
+                conn.into_control()
+                    .close(CloseCode::UNKNOWN_COMM, "not a bootstrap root");
+            }
+        }
+    }
+
+    /// Stops the control thread, waiting for it at most `budget`; a thread that does not
+    /// stop in time is left behind with a warning rather than waited on (principle 3).
+    pub(crate) fn shutdown(&self, budget: Duration) {
+        self.quic.close(CloseCode::NORMAL, "session closed");
+        if let Ok(mut stop) = self.stop.lock()
+            && let Some(stop) = stop.take()
+        {
+            let _ = stop.send(());
+        }
+        let exited = self.exited.lock().ok().and_then(|mut e| e.take());
+        if let Some(exited) = exited
+            && exited.recv_timeout(budget).is_err()
+        {
+            tracing::warn!("control thread did not stop within {budget:?}; leaving it");
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Ok(mut stop) = self.stop.lock()
+            && let Some(stop) = stop.take()
+        {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// The transport knobs derived from the communicator's configuration.
+fn transport_config(config: &Config) -> TransportConfig {
+    TransportConfig {
+        backend: match config.transport {
+            TransportChoice::TcpUring => Backend::Uring,
+            TransportChoice::TcpEpoll => Backend::Epoll,
+            TransportChoice::Tcp | TransportChoice::Quic => Backend::Auto,
+        },
+        connect_timeout: config.init_timeout,
+        ..TransportConfig::default()
+    }
+}
+
+/// A socket address as the protocol carries it (IPv4 as IPv4-mapped IPv6).
+pub(crate) fn wire_addr(addr: SocketAddr) -> WireAddr {
+    let ip = match addr.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    WireAddr {
+        ip: ip.octets(),
+        port: addr.port(),
+    }
+}
+
+/// The socket address a peer table entry names.
+pub(crate) fn socket_addr(addr: &WireAddr) -> SocketAddr {
+    let ip = std::net::Ipv6Addr::from(addr.ip);
+    let ip = ip
+        .to_ipv4_mapped()
+        .map(IpAddr::V4)
+        .unwrap_or(IpAddr::V6(ip));
+    SocketAddr::new(ip, addr.port)
+}
+
+/// Whole milliseconds of `d`, saturating.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `deadline` as a tokio instant.
+pub(crate) fn tokio_instant(deadline: Instant) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(deadline)
+}

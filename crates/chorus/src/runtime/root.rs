@@ -1,0 +1,374 @@
+//! The bootstrap root: it collects one `Join` per rank and answers each with the same
+//! `Welcome` (chorus-control's `Rendezvous` decides; this drives it over QUIC).
+//!
+//! It runs in whichever process made the `UniqueId` — the launcher (`chorus run`), a rank
+//! that called [`RootHost::start`] and handed the token out, or rank 0 of a launch that
+//! only names an address (torchrun's `MASTER_ADDR:MASTER_PORT`) — on its own thread, so it
+//! answers whatever that process is doing. After bootstrap it keeps the peer table, which
+//! is what lets a launcher tell the job that a rank's process exited (`witness_exit`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use chorus_control::Rendezvous;
+use chorus_protocol::message::{Evidence, Message, Notice, PeerInfo, Role, Verdict, Welcome};
+use chorus_protocol::{CloseCode, CommId, Envelope, Epoch, JobSecret, Rank};
+use chorus_transport::{
+    Admission, ControlChannel, Fingerprint, Identity, Liveness, QuicEndpoint, TransportError,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Clock, socket_addr, tokio_instant};
+use crate::config::Config;
+use crate::error::{Error, ErrorKind};
+use crate::unique_id::{UniqueId, random_secret};
+
+/// A running bootstrap root. Dropping it stops the root (bounded by the teardown budget).
+pub struct RootHost {
+    id: UniqueId,
+    world: u32,
+    quic: QuicEndpoint,
+    handle: tokio::runtime::Handle,
+    members: Arc<Mutex<Option<Vec<PeerInfo>>>>,
+    stop: Option<oneshot::Sender<()>>,
+    exited: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    teardown: Duration,
+}
+
+impl std::fmt::Debug for RootHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RootHost")
+            .field("id", &self.id)
+            .field("world", &self.world)
+            .finish()
+    }
+}
+
+impl RootHost {
+    /// Starts a root for `world` ranks listening on `addr` (port 0 picks a free port) with a
+    /// fresh job secret and communicator id; [`RootHost::unique_id`] is the token to hand
+    /// to the ranks. The ranks must all join within `config.init_timeout`.
+    pub fn start(addr: SocketAddr, world: u32, config: &Config) -> Result<RootHost, Error> {
+        let secret = random_secret();
+        let comm = CommId(rand::random());
+        futures::executor::block_on(Self::start_with(addr, world, config, secret, comm, true))
+    }
+
+    /// Starts a root with a given secret and communicator id. With `pinned` false the token
+    /// carries no fingerprint ([`Fingerprint::ANY`]): for launches that only share an
+    /// address, where joiners cannot know the root's certificate in advance.
+    pub(crate) async fn start_with(
+        addr: SocketAddr,
+        world: u32,
+        config: &Config,
+        secret: JobSecret,
+        comm: CommId,
+        pinned: bool,
+    ) -> Result<RootHost, Error> {
+        if world == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "a world has at least one rank",
+            ));
+        }
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (exited_tx, exited_rx) = std::sync::mpsc::channel();
+        let config = config.clone();
+        let members = Arc::new(Mutex::new(None));
+        let shared = members.clone();
+        let spawned = thread::Builder::new()
+            .name("chorus-root".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(Error::new(ErrorKind::Internal, e.to_string())));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let bound = bind(addr, &config, secret.clone(), comm);
+                    let (quic, identity) = match bound {
+                        Ok(b) => b,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let local = match quic.local_addr() {
+                        Ok(a) => a,
+                        Err(e) => {
+                            let _ =
+                                ready_tx.send(Err(Error::new(ErrorKind::Transport, e.to_string())));
+                            return;
+                        }
+                    };
+                    let fingerprint = if pinned {
+                        identity.fingerprint().0
+                    } else {
+                        Fingerprint::ANY.0
+                    };
+                    let id = UniqueId {
+                        comm,
+                        root: local,
+                        fingerprint,
+                        secret,
+                    };
+                    let (stop_tx, stop_rx) = oneshot::channel();
+                    let _ = ready_tx.send(Ok((
+                        id,
+                        quic.clone(),
+                        tokio::runtime::Handle::current(),
+                        stop_tx,
+                    )));
+                    serve(quic, comm, world, config, shared, stop_rx).await;
+                });
+                drop(rt);
+                let _ = exited_tx.send(());
+            });
+        if let Err(e) = spawned {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("cannot start the root: {e}"),
+            ));
+        }
+        let (id, quic, handle, stop) = ready_rx.await.map_err(|_| {
+            Error::new(ErrorKind::Internal, "the root thread ended while starting")
+        })??;
+        Ok(RootHost {
+            id,
+            world,
+            quic,
+            handle,
+            members,
+            stop: Some(stop),
+            exited: Mutex::new(Some(exited_rx)),
+            teardown: Duration::from_secs(2),
+        })
+    }
+
+    /// The token the ranks need (`Comm::init`, or `CHORUS_UNIQUE_ID`).
+    pub fn unique_id(&self) -> &UniqueId {
+        &self.id
+    }
+
+    /// The world size this root bootstraps.
+    pub fn world(&self) -> u32 {
+        self.world
+    }
+
+    /// The peer table, once every rank has joined.
+    pub fn members(&self) -> Option<Vec<PeerInfo>> {
+        self.members.lock().ok().and_then(|m| m.clone())
+    }
+
+    /// Tells the job that `rank`'s process exited with `status` (negative: killed by that
+    /// signal), as the launcher that witnessed it: a `Notice` with `LauncherWitness`
+    /// evidence to up to three of its neighbours, which spread it. Best effort and bounded;
+    /// it returns at once. Valid for the first epoch's numbering.
+    pub fn witness_exit(&self, rank: Rank, status: i32) {
+        let Some(members) = self.members() else {
+            return;
+        };
+        let n = members.len();
+        if rank.index() >= n || n < 2 {
+            return;
+        }
+        let targets: Vec<PeerInfo> = [1, 2, n - 1]
+            .iter()
+            .map(|d| (rank.index() + d) % n)
+            .filter(|&i| i != rank.index())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|i| members[i].clone())
+            .collect();
+        let (quic, comm) = (self.quic.clone(), self.id.comm);
+        self.handle.spawn(async move {
+            let notice = Notice {
+                origin: Rank::NONE,
+                subject: rank,
+                verdict: Verdict::Dead,
+                evidence: Evidence::LauncherWitness { status },
+                hops: 0,
+            };
+            let sends = targets.into_iter().map(|peer| {
+                let quic = quic.clone();
+                async move {
+                    let route = Envelope::new(comm, Epoch(0), Rank::NONE);
+                    let connect = quic.connect(
+                        socket_addr(&peer.control),
+                        Fingerprint(peer.fingerprint),
+                        Role::Launcher,
+                        route,
+                        peer.rank,
+                    );
+                    let ch = tokio::time::timeout(Duration::from_secs(2), connect).await;
+                    if let Ok(Ok(conn)) = ch {
+                        let ch = conn.into_control();
+                        let sent = ch.send(Message::Notice(notice));
+                        let _ = tokio::time::timeout(Duration::from_secs(1), sent).await;
+                        ch.close(CloseCode::NORMAL, "witness delivered");
+                    }
+                }
+            });
+            futures::future::join_all(sends).await;
+        });
+    }
+}
+
+impl Drop for RootHost {
+    fn drop(&mut self) {
+        self.quic.close(CloseCode::NORMAL, "root stopped");
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let exited = self.exited.lock().ok().and_then(|mut e| e.take());
+        if let Some(exited) = exited
+            && exited.recv_timeout(self.teardown).is_err()
+        {
+            tracing::warn!("bootstrap root did not stop within {:?}", self.teardown);
+        }
+    }
+}
+
+fn bind(
+    addr: SocketAddr,
+    config: &Config,
+    secret: JobSecret,
+    comm: CommId,
+) -> Result<(QuicEndpoint, Identity), Error> {
+    let transport =
+        |what: &str, e: TransportError| Error::new(ErrorKind::Transport, format!("{what}: {e}"));
+    let identity = Identity::generate().map_err(|e| transport("root certificate", e))?;
+    // Only bootstrap streams of this communicator at epoch 0 are admitted.
+    let admission: Admission = Arc::new(move |c, epoch, role| {
+        if c == comm && epoch == Epoch(0) && role == Role::Bootstrap {
+            Ok(Rank::NONE)
+        } else {
+            Err((
+                CloseCode::UNKNOWN_COMM,
+                format!("this root bootstraps {comm} only"),
+            ))
+        }
+    });
+    let liveness = Liveness {
+        heartbeat_interval: config.heartbeat_interval,
+        deadline: config.heartbeat_deadline,
+    };
+    let quic = QuicEndpoint::bind(
+        addr,
+        &identity,
+        secret,
+        chorus_transport::TransportConfig::default(),
+        liveness,
+        admission,
+    )
+    .map_err(|e| transport(&format!("cannot bind the bootstrap root on {addr}"), e))?;
+    Ok((quic, identity))
+}
+
+enum RootEvent {
+    Join(u64, chorus_protocol::message::Join),
+    Closed(u64),
+}
+
+/// Serves bootstrap streams until stopped.
+async fn serve(
+    quic: QuicEndpoint,
+    comm: CommId,
+    world: u32,
+    config: Config,
+    members: Arc<Mutex<Option<Vec<PeerInfo>>>>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let clock = Clock::new();
+    let Ok(mut rendezvous) = Rendezvous::<u64>::new(comm, world, clock.now(), config.init_timeout)
+    else {
+        return;
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut streams: HashMap<u64, Arc<ControlChannel>> = HashMap::new();
+    let mut next = 0u64;
+    let mut done = false;
+    loop {
+        let timer = rendezvous.poll_timeout().map(|t| clock.std(t));
+        let sleep = async {
+            match timer {
+                Some(t) => tokio::time::sleep_until(tokio_instant(t)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = quic.accept(Duration::from_secs(3600)) => match accepted {
+                Ok(conn) => {
+                    let id = next;
+                    next += 1;
+                    let ch = Arc::new(conn.into_control());
+                    streams.insert(id, ch.clone());
+                    let tx = tx.clone();
+                    let deadline = Instant::now() + config.init_timeout;
+                    tokio::spawn(async move {
+                        match tokio::time::timeout_at(tokio_instant(deadline), ch.recv()).await {
+                            Ok(Ok(frame)) => {
+                                if let Message::Join(join) = frame.message {
+                                    let _ = tx.send(RootEvent::Join(id, join));
+                                    // Stay readable to notice the joiner going away.
+                                    let _ = ch.recv().await;
+                                }
+                                let _ = tx.send(RootEvent::Closed(id));
+                            }
+                            _ => {
+                                let _ = tx.send(RootEvent::Closed(id));
+                            }
+                        }
+                    });
+                }
+                Err(TransportError::Shutdown) => break,
+                Err(_) => {}
+            },
+            Some(event) = rx.recv() => match event {
+                RootEvent::Join(id, join) => {
+                    let _ = rendezvous.handle_join(clock.now(), id, join);
+                }
+                RootEvent::Closed(id) => {
+                    rendezvous.handle_closed(id);
+                    streams.remove(&id);
+                }
+            },
+            () = sleep => rendezvous.handle_timeout(clock.now()),
+        }
+        while let Some((id, message)) = rendezvous.poll_transmit() {
+            if let Some(ch) = streams.get(&id).cloned() {
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), ch.send(message)).await;
+                });
+            }
+        }
+        while let Some((id, code)) = rendezvous.poll_close() {
+            if let Some(ch) = streams.remove(&id) {
+                tokio::spawn(async move {
+                    // Let the reject go out first.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    ch.close(code, code.name());
+                });
+            }
+        }
+        if !done && let Some(Ok(welcome)) = rendezvous.outcome() {
+            done = true;
+            store(&members, welcome);
+        }
+    }
+}
+
+fn store(members: &Mutex<Option<Vec<PeerInfo>>>, welcome: &Welcome) {
+    if let Ok(mut m) = members.lock() {
+        *m = Some(welcome.members.clone());
+    }
+}

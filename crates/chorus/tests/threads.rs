@@ -1,0 +1,205 @@
+#![allow(clippy::unwrap_used)]
+
+//! Ranks as threads of one process: init, collectives, destroy, through the real runtime
+//! (QUIC control plane, TCP data links on loopback).
+
+use std::thread;
+use std::time::Duration;
+
+use chorus::{Comm, Config, Reduction, RootHost};
+
+fn config() -> Config {
+    Config {
+        init_timeout: Duration::from_secs(30),
+        ..Config::default()
+    }
+}
+
+fn run_ranks<T: Send>(world: u32, f: impl Fn(Comm) -> T + Sync) -> Vec<T> {
+    let root = RootHost::start("127.0.0.1:0".parse().unwrap(), world, &config()).unwrap();
+    let id = root.unique_id().clone();
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let (id, f) = (id.clone(), &f);
+                s.spawn(move || f(Comm::init_blocking(&id, r, world, config()).unwrap()))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn four_ranks_all_reduce_and_destroy() {
+    let out = run_ranks(4, |comm| {
+        let r = comm.rank() as f32;
+        let send = vec![r + 1.0; 1000];
+        let mut recv = vec![0.0f32; 1000];
+        comm.blocking()
+            .all_reduce(&send, &mut recv, Reduction::Sum)
+            .unwrap();
+        let mut big = vec![1u64; 1 << 18];
+        comm.blocking()
+            .all_reduce_in_place(&mut big, Reduction::Sum)
+            .unwrap();
+        assert!(big.iter().all(|&v| v == 4));
+        comm.destroy_blocking().unwrap();
+        recv[0]
+    });
+    assert_eq!(out, vec![10.0; 4]);
+}
+
+#[test]
+fn an_aborting_rank_fails_the_others_and_the_survivors_shrink() {
+    use std::time::Instant;
+    let out = run_ranks(4, |comm| {
+        let mut buf = vec![1.0f32; 64];
+        comm.blocking()
+            .all_reduce_in_place(&mut buf, Reduction::Sum)
+            .unwrap();
+        if comm.rank() == 3 {
+            thread::sleep(Duration::from_millis(200));
+            comm.abort("test abort");
+            let err = comm.blocking().barrier().unwrap_err();
+            assert_eq!(err.kind(), chorus::ErrorKind::Destroyed, "{err}");
+            return (3, 0.0, Duration::ZERO);
+        }
+        // Blocked: rank 3 never joins this one.
+        let start = Instant::now();
+        let err = comm
+            .blocking()
+            .all_reduce_in_place(&mut buf, Reduction::Sum)
+            .unwrap_err();
+        let waited = start.elapsed();
+        assert!(
+            err.to_string().starts_with("[chorus:peer-departed]"),
+            "{err}"
+        );
+        assert_eq!(err.peer, Some(chorus::Rank(3)), "{err}");
+        let small = comm.blocking().shrink().unwrap();
+        assert_eq!(small.size(), 3);
+        assert_eq!(small.rank(), comm.rank());
+        let mut v = vec![small.rank() as f32 + 1.0; 10];
+        small
+            .blocking()
+            .all_reduce_in_place(&mut v, Reduction::Sum)
+            .unwrap();
+        small.destroy_blocking().unwrap();
+        (comm.rank(), v[0], waited)
+    });
+    for (rank, sum, waited) in out {
+        if rank != 3 {
+            assert_eq!(sum, 6.0);
+            assert!(waited < Duration::from_secs(5), "released after {waited:?}");
+        }
+    }
+}
+
+#[test]
+fn split_children_work_and_parent_abort_releases_them() {
+    use std::time::Instant;
+    run_ranks(4, |comm| {
+        let color = comm.rank() % 2;
+        let child = comm
+            .blocking()
+            .split(Some(color), comm.rank())
+            .unwrap()
+            .unwrap();
+        assert_eq!(child.size(), 2);
+        assert_eq!(child.rank(), comm.rank() / 2);
+        let mut v = vec![comm.rank(); 4];
+        child
+            .blocking()
+            .all_reduce_in_place(&mut v, Reduction::Sum)
+            .unwrap();
+        assert_eq!(v[0], if color == 0 { 2 } else { 4 });
+        // Seed 001: an operation blocked on the child is released by aborting the parent.
+        if child.rank() == 0 {
+            let start = Instant::now();
+            thread::scope(|s| {
+                s.spawn(|| {
+                    thread::sleep(Duration::from_millis(100));
+                    comm.abort("parent aborted");
+                });
+                let mut w = vec![0u32; 4];
+                // The child's rank 1 never calls this.
+                let err = child
+                    .blocking()
+                    .all_reduce_in_place(&mut w, Reduction::Sum)
+                    .unwrap_err();
+                assert_eq!(err.kind(), chorus::ErrorKind::Aborted, "{err}");
+            });
+            assert!(start.elapsed() < Duration::from_secs(5));
+        } else {
+            // Stay a member (dropping would depart) until the other side has aborted.
+            thread::sleep(Duration::from_secs(2));
+        }
+    });
+}
+
+#[test]
+fn a_new_process_grows_the_communicator() {
+    let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 3, &config()).unwrap();
+    let id = root.unique_id().clone();
+    let (token_tx, token_rx) = std::sync::mpsc::channel();
+    let token_tx = std::sync::Mutex::new(Some(token_tx));
+    thread::scope(|s| {
+        for r in 0..3 {
+            let (id, token_tx) = (id.clone(), &token_tx);
+            s.spawn(move || {
+                let comm = Comm::init_blocking(&id, r, 3, config()).unwrap();
+                if r == 0 {
+                    let tx = token_tx.lock().unwrap().take().unwrap();
+                    tx.send(comm.grow_token()).unwrap();
+                }
+                let big = comm.blocking().grow(1).unwrap();
+                assert_eq!(big.size(), 4);
+                assert_eq!(big.rank(), r);
+                let mut v = vec![1i32; 100];
+                big.blocking()
+                    .all_reduce_in_place(&mut v, Reduction::Sum)
+                    .unwrap();
+                assert_eq!(v[0], 4);
+                big.destroy_blocking().unwrap();
+            });
+        }
+        s.spawn(move || {
+            let token = token_rx.recv().unwrap();
+            let comm = Comm::join_blocking(&token, config()).unwrap();
+            assert_eq!((comm.rank(), comm.size()), (3, 4));
+            let mut v = vec![1i32; 100];
+            comm.blocking()
+                .all_reduce_in_place(&mut v, Reduction::Sum)
+                .unwrap();
+            assert_eq!(v[0], 4);
+            comm.destroy_blocking().unwrap();
+        });
+    });
+}
+
+#[test]
+fn revoke_fails_everyone_then_shrink_continues() {
+    run_ranks(3, |comm| {
+        if comm.rank() == 1 {
+            comm.blocking().revoke().unwrap();
+        }
+        let mut v = vec![1u8; 8];
+        let err = loop {
+            // Operations keep failing once the revoke has spread.
+            match comm.blocking().all_reduce_in_place(&mut v, Reduction::Sum) {
+                Ok(()) => thread::sleep(Duration::from_millis(10)),
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(
+                err.kind(),
+                chorus::ErrorKind::Revoked | chorus::ErrorKind::Aborted
+            ),
+            "{err}"
+        );
+        let next = comm.blocking().shrink().unwrap();
+        assert_eq!(next.size(), 3);
+        next.blocking().barrier().unwrap();
+    });
+}
