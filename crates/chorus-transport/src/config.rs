@@ -72,8 +72,8 @@ pub struct TransportConfig {
     pub max_chunk: u32,
     /// Budget for the departure frame on `cancel` before the connection is shut regardless.
     pub depart_timeout: Duration,
-    /// Size of each registered io_uring buffer slot (receives of headers and small frames,
-    /// sends of small frames).
+    /// Size of each registered io_uring buffer slot (the ring's sends of small frames that
+    /// could not be written directly).
     pub uring_slot: usize,
     /// Number of registered buffer slots per ring.
     pub uring_slots: u16,

@@ -15,14 +15,14 @@
 //! socket (a one-shot `POLL_ADD`). When the poll fires, the ring reads what is there with a
 //! non-blocking `recv` straight into the decoder's buffer, and watches again only while
 //! some `recv` still waits; so while callers keep up, arriving data never wakes this
-//! thread. Sends: a caller that finds the stream idle writes a small frame itself
-//! (see `link.rs`); the ring writes what is queued behind it, small frames copied into a
+//! thread. Sends: a caller that finds the stream idle writes its frame itself (see
+//! `link.rs`); the ring writes what is queued behind it, small frames copied into a
 //! registered slot, payloads at or above the zero-copy threshold with `SEND_ZC` from the
 //! caller's own buffer, kept alive until the kernel's notification.
 //!
 //! Before it sleeps in the kernel, the ring thread spins on its completion queue for the
-//! configured `busy_poll`, so a receive that lands within that window skips the wake-up of
-//! a sleeping thread.
+//! configured `busy_poll`, so a completion (a parked receive's poll) that lands within that
+//! window skips the wake-up of a sleeping thread.
 
 use std::collections::HashMap;
 use std::io;
