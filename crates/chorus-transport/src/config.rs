@@ -89,7 +89,8 @@ pub struct TransportConfig {
     /// progress thread. A message that lands within the window reaches the caller with no
     /// thread hop, which is most of a small message's latency; the cost is a caller that
     /// polls for up to this long, and an operation whose abort is noticed up to this much
-    /// later. Zero parks at once.
+    /// later. Each link narrows its window (to a sixteenth of this) while spins keep
+    /// missing, and widens it back as they catch. Zero parks at once.
     pub recv_spin: Duration,
 }
 

@@ -3,13 +3,14 @@
 //! A `send` that finds the stream idle writes its frame on the caller's thread with one
 //! non-blocking `sendmsg` (header and payload as two iovecs, the payload uncopied); only
 //! what the socket does not take at once goes to the backend's writer. A `recv` that finds
-//! nothing held reads the socket itself for up to `recv_spin` (non-blocking `recv`s, the
-//! core yielded between them), so a message that arrives meanwhile reaches it without a
-//! thread hop; then it parks, and the backend's progress thread reads for it and wakes it.
+//! nothing held reads the socket itself for a while (non-blocking `recv`s, the core yielded
+//! between them; up to `recv_spin`, less while spins keep missing, see `spin.rs`), so a
+//! message that arrives meanwhile reaches it without a thread hop; then it parks, and the
+//! backend's progress thread reads for it and wakes it.
 
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
@@ -21,6 +22,7 @@ use super::BackendKind;
 use super::epoll::EpollConn;
 use super::reader::{Pumped, Reader};
 use super::socket;
+use super::spin::SpinBudget;
 use super::uring::UringConn;
 use crate::inbound;
 use crate::matcher::Matcher;
@@ -46,8 +48,8 @@ pub struct TcpLink {
     /// The peer's envelope (communicator, epoch, rank) as the handshake established it.
     pub(super) peer: Envelope,
     pub(super) io: Io,
-    /// How long a `recv` reads the socket itself before it parks.
-    pub(super) recv_spin: Duration,
+    /// How long a `recv` reads the socket itself before it parks (at most `recv_spin`).
+    pub(super) spin: SpinBudget,
 }
 
 #[derive(Debug)]
@@ -124,8 +126,8 @@ impl TcpLink {
         }
     }
 
-    /// What `recv` does: the held payload, else read the socket here for up to
-    /// `recv_spin`, else park until the progress thread delivers it.
+    /// What `recv` does: the held payload, else read the socket here for the spin window,
+    /// else park until the progress thread delivers it.
     async fn recv_chunk(&self, tag: Tag) -> Result<Bytes, LinkError> {
         if let Some(result) = self.spin(&tag) {
             return result;
@@ -147,7 +149,7 @@ impl TcpLink {
     }
 
     /// Reads the socket on this thread until `tag`'s payload (or the link's failure) is
-    /// here or `recv_spin` has passed; `None` then.
+    /// here or the spin window (see `spin.rs`) has passed; `None` then.
     ///
     /// Sleeping in `ppoll` on the socket instead (woken by the kernel, still with no
     /// progress thread) measured no better at 2 ranks or 4 on 2 cores, and slower at 2.
@@ -155,16 +157,19 @@ impl TcpLink {
         if let Some(result) = self.matcher.take(tag) {
             return Some(result);
         }
-        if self.recv_spin.is_zero() {
+        let window = self.spin.window();
+        if window.is_zero() {
             return None;
         }
         let start = Instant::now();
         loop {
             self.read_socket();
             if let Some(result) = self.matcher.take(tag) {
+                self.spin.caught();
                 return Some(result);
             }
-            if start.elapsed() >= self.recv_spin {
+            if start.elapsed() >= window {
+                self.spin.missed();
                 return None;
             }
             // On a machine with more runnable threads than cores, the peer that is to send

@@ -5,6 +5,7 @@ mod epoll;
 mod link;
 mod reader;
 pub(crate) mod socket;
+mod spin;
 mod uring;
 
 use std::net::SocketAddr;
@@ -333,7 +334,7 @@ impl TcpConnection {
             outbound,
             peer,
             io,
-            recv_spin: cfg.recv_spin,
+            spin: spin::SpinBudget::new(cfg.recv_spin),
         })
     }
 
