@@ -30,6 +30,7 @@ mod kernel;
 pub mod link;
 pub mod local;
 pub mod op;
+mod pool;
 pub mod progress;
 mod run;
 pub mod select;

@@ -200,12 +200,14 @@ async fn watch_input(
         reader.set_watching(false);
         // `try_io` clears tokio's readiness only when the pass ends in `WouldBlock`, and
         // never a readiness a newer event set.
+        // A pass that stopped after a large frame (`More`) keeps the readiness: the rest is
+        // read on the next turn, if someone still waits.
         let pumped = ready.try_io(|_| match reader.pump() {
             Pumped::Drained | Pumped::Busy => Err(io::ErrorKind::WouldBlock.into()),
-            closed => Ok(closed),
+            other => Ok(other),
         });
-        if let Ok(Ok(closed)) = pumped {
-            return Ok(closed);
+        if let Ok(Ok(Pumped::Close(depart))) = pumped {
+            return Ok(Pumped::Close(depart));
         }
         if !reader.matcher().has_waiters() {
             return Ok(Pumped::Drained);

@@ -27,6 +27,10 @@ use super::socket;
 use crate::inbound::{self, Flow};
 use crate::matcher::Matcher;
 
+/// Frames from this size on end a pass over the socket (see [`Pumped::More`]); below it the
+/// allocator's caches recycle buffers well enough.
+const LARGE_FRAME: usize = 64 << 10;
+
 /// The socket, whoever owns the descriptor (the ring's `OwnedFd`, tokio's `TcpStream`).
 pub(crate) type Socket = Arc<dyn AsFd + Send + Sync>;
 
@@ -63,6 +67,11 @@ struct ReadState {
 pub(crate) enum Pumped {
     /// Everything the socket had is decoded; the stream goes on.
     Drained,
+    /// A large frame was delivered and reading stopped there: the socket may hold more.
+    /// (Its payload shares the decoder's buffer; reading on at once would make the decoder
+    /// allocate a fresh buffer for the next frame, while a pass after the payload has been
+    /// consumed reuses the same, already-mapped memory.)
+    More,
     /// Another thread is reading right now (only from [`Reader::try_pump`]).
     Busy,
     /// The stream is over (already, or by what this pass read): the caller requests the
@@ -109,7 +118,7 @@ impl Reader {
         if st.done {
             return Pumped::Close(None);
         }
-        match self.decode(&mut st.decoder) {
+        match self.decode(&mut st.decoder).0 {
             Flow::Continue => Pumped::Drained,
             Flow::Close(depart) => {
                 st.done = true;
@@ -126,13 +135,14 @@ impl Reader {
             let read = socket::recv_into(self.fd.as_fd(), st.decoder.recv_buf());
             let detail = match read {
                 Ok(0) => "peer closed the connection without a departure".to_string(),
-                Ok(_) => {
-                    if let Flow::Close(depart) = self.decode(&mut st.decoder) {
+                Ok(_) => match self.decode(&mut st.decoder) {
+                    (Flow::Close(depart), _) => {
                         st.done = true;
                         return Pumped::Close(depart);
                     }
-                    continue;
-                }
+                    (Flow::Continue, true) => return Pumped::More,
+                    (Flow::Continue, false) => continue,
+                },
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Pumped::Drained,
                 Err(e) => format!("recv: {e}"),
             };
@@ -142,16 +152,21 @@ impl Reader {
         }
     }
 
-    /// Hands every whole buffered frame to the matcher.
-    fn decode(&self, decoder: &mut Decoder) -> Flow {
+    /// Hands every whole buffered frame to the matcher; also says whether one of them was
+    /// large (see [`Pumped::More`]).
+    fn decode(&self, decoder: &mut Decoder) -> (Flow, bool) {
+        let mut large = false;
         loop {
             let flow = match decoder.next() {
-                Ok(Some(frame)) => inbound::on_frame(&self.matcher, &self.peer, frame),
-                Ok(None) => return Flow::Continue,
+                Ok(Some(frame)) => {
+                    large |= frame.header.body_len as usize >= LARGE_FRAME;
+                    inbound::on_frame(&self.matcher, &self.peer, frame)
+                }
+                Ok(None) => return (Flow::Continue, large),
                 Err(e) => inbound::on_decode_error(&self.matcher, &e),
             };
             if let Flow::Close(_) = flow {
-                return flow;
+                return (flow, large);
             }
         }
     }

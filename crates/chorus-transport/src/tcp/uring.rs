@@ -531,7 +531,7 @@ impl Driver {
                 if let Some(c) = self.conns.get(&id) {
                     match c.reader.decode_buffered() {
                         Pumped::Close(depart) => self.request_close(id, depart),
-                        Pumped::Drained | Pumped::Busy => self.arm_poll(id),
+                        Pumped::Drained | Pumped::More | Pumped::Busy => self.arm_poll(id),
                     }
                 }
                 self.kick(id);
@@ -670,7 +670,8 @@ impl Driver {
         }
         match reader.pump() {
             Pumped::Close(depart) => self.request_close(id, depart),
-            Pumped::Drained | Pumped::Busy => {
+            // After `More` the poll fires again at once if someone still waits.
+            Pumped::Drained | Pumped::More | Pumped::Busy => {
                 if reader.matcher().has_waiters() {
                     self.arm_poll(id);
                 }
