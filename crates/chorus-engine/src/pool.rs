@@ -39,7 +39,7 @@ pub(crate) fn copy(src: &[u8]) -> Bytes {
 
 /// The size class of a buffer for `len` bytes, if pooled.
 fn class_of(len: usize) -> Option<usize> {
-    if len < 1 << MIN_CLASS || len > 1 << MAX_CLASS {
+    if !(1 << MIN_CLASS..=1 << MAX_CLASS).contains(&len) {
         return None;
     }
     let bits = usize::BITS - (len - 1).leading_zeros();
