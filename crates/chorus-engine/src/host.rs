@@ -134,6 +134,15 @@ impl Device for HostDevice {
         Ok(())
     }
 
+    fn host_bytes<'m>(
+        &self,
+        src: &'m [u8],
+        off: usize,
+        len: usize,
+    ) -> Option<Result<&'m [u8], DeviceError>> {
+        Some(region(src, off, len))
+    }
+
     fn pack(&self, src: &[u8], off: usize, len: usize) -> Result<Bytes, DeviceError> {
         Ok(pool::copy(region(src, off, len)?))
     }

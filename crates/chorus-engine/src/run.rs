@@ -290,6 +290,54 @@ where
         payload: D::Payload,
     ) -> Result<(), OpError> {
         let link = self.link(peer)?;
+        let tag = self.admit(link, peer, step, offset).await?;
+        self.post(link, peer, tag, payload, step)
+    }
+
+    /// [`Run::send`] of `mem[off..][..len]`: handed to the link as borrowed host bytes
+    /// when both the device and the link allow it (the link writes them, so the bytes are
+    /// never copied into a payload first), packed into a payload otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn send_from(
+        &mut self,
+        peer: u32,
+        step: u32,
+        offset: usize,
+        mem: &D::Mem,
+        off: usize,
+        len: usize,
+    ) -> Result<(), OpError> {
+        let link = self.link(peer)?;
+        let tag = self.admit(link, peer, step, offset).await?;
+        if let Some(bytes) = self.dev.host_bytes(mem, off, len) {
+            let bytes = bytes.map_err(|e| self.device(e))?;
+            if let Some(mut fut) = link.send_bytes(tag, bytes) {
+                // The borrow of `mem` ends here: a link that cannot take the bytes at once
+                // (its send window is full) has written nothing, and gets a payload below.
+                match fut
+                    .as_mut()
+                    .poll(&mut std::task::Context::from_waker(Waker::noop()))
+                {
+                    Poll::Ready(Ok(())) => return Ok(()),
+                    Poll::Ready(Err(e)) => {
+                        return Err(self.failure(Failure::Send(Rank(peer), step, e)));
+                    }
+                    Poll::Pending => {}
+                }
+            }
+        }
+        let payload = self.pack(mem, off, len)?;
+        self.post(link, peer, tag, payload, step)
+    }
+
+    /// Waits for flow-control credit towards `peer` and numbers the next payload to it.
+    async fn admit(
+        &mut self,
+        link: &'e L,
+        peer: u32,
+        step: u32,
+        offset: usize,
+    ) -> Result<Tag, OpError> {
         self.at_step = Some(step);
         let index = loop {
             let flow = self.flows.get(peer);
@@ -300,7 +348,7 @@ where
             let n = flow.credits_in + 1;
             self.claim_credit(link, peer, n).await?;
         };
-        self.post(link, peer, self.tag(index as u32, offset), payload, step)
+        Ok(self.tag(index as u32, offset))
     }
 
     async fn claim_credit(&mut self, link: &'e L, peer: u32, n: u32) -> Result<(), OpError> {

@@ -1,6 +1,8 @@
 //! What the engine puts on its links: a small all-reduce is one payload per peer per step
-//! and no flow-control traffic, and pipelined exchanges keep the data a link holds for its
-//! peer within the window (`pipeline_depth` chunks) however far ahead sends run.
+//! and no flow-control traffic, pipelined exchanges keep the data a link holds for its
+//! peer within the window (`pipeline_depth` chunks) however far ahead sends run, and links
+//! that take borrowed bytes (`Link::send_bytes`) get the same results as links that take
+//! packed payloads, also when they refuse the bytes for now.
 
 #![allow(clippy::unwrap_used)]
 
@@ -181,5 +183,130 @@ fn sends_ahead_of_receives_stay_within_the_window() {
                 }
             }
         }
+    }
+}
+
+/// Takes borrowed bytes, copying them for the in-process link; every third offer is
+/// refused for now (pending on first poll, as a full send window is), which the engine must
+/// answer by dropping it and sending a packed payload instead.
+struct Borrowing {
+    inner: Arc<LocalLink<Bytes>>,
+    offers: AtomicUsize,
+    taken: AtomicUsize,
+}
+
+impl Link<Bytes> for Borrowing {
+    fn peer(&self) -> Rank {
+        self.inner.peer()
+    }
+    fn send(&self, tag: Tag, payload: Bytes) -> LinkFuture<'_, ()> {
+        self.inner.send(tag, payload)
+    }
+    fn send_bytes<'a>(&'a self, tag: Tag, data: &'a [u8]) -> Option<LinkFuture<'a, ()>> {
+        let n = self.offers.fetch_add(1, Ordering::Relaxed);
+        if n % 3 == 2 {
+            return Some(Box::pin(std::future::pending()));
+        }
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        Some(self.inner.send(tag, Bytes::copy_from_slice(data)))
+    }
+    fn recv(&self, tag: Tag) -> LinkFuture<'_, Bytes> {
+        self.inner.recv(tag)
+    }
+    fn cancel(&self, reason: CancelReason) {
+        self.inner.cancel(reason)
+    }
+}
+
+#[test]
+fn links_that_borrow_the_bytes_give_the_same_results() {
+    let n = 3u32;
+    let count = 40_000;
+    for algo in [
+        Algorithm::RecursiveDoubling,
+        Algorithm::HalvingDoubling,
+        Algorithm::Ring,
+    ] {
+        let mut config = EngineConfig {
+            chunk_bytes: 4096,
+            pipeline_depth: 4,
+            ..EngineConfig::default()
+        };
+        config.overrides.all_reduce = Some(algo);
+        let root = Context::root();
+        let world: Vec<(Engine<HostDevice, Borrowing>, Vec<Arc<Borrowing>>)> =
+            chorus_engine::local::mesh::<Bytes>(n, HeldLimit::default())
+                .into_iter()
+                .enumerate()
+                .map(|(r, links)| {
+                    let links: Vec<Arc<Borrowing>> = links
+                        .into_iter()
+                        .map(|inner| {
+                            Arc::new(Borrowing {
+                                inner,
+                                offers: AtomicUsize::new(0),
+                                taken: AtomicUsize::new(0),
+                            })
+                        })
+                        .collect();
+                    let e = Engine::new(
+                        Rank(r as u32),
+                        n,
+                        links.clone(),
+                        Arc::new(HostDevice),
+                        &root,
+                        config.clone(),
+                    )
+                    .unwrap();
+                    (e, links)
+                })
+                .collect();
+        let results: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let hs: Vec<_> = world
+                .iter()
+                .enumerate()
+                .map(|(r, (e, _))| {
+                    s.spawn(move || {
+                        let input: Vec<u8> = (0..count)
+                            .flat_map(|i| ((i * 3 + r) as i32).to_ne_bytes())
+                            .collect();
+                        let mut out = vec![0u8; count * 4];
+                        block_on(e.all_reduce(
+                            Buffer::separate(&input, &mut out),
+                            count,
+                            DType::I32,
+                            Reduction::Sum,
+                        ))
+                        .unwrap();
+                        out
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, out) in results.iter().enumerate() {
+            for (i, x) in out.chunks_exact(4).enumerate() {
+                let want: i32 = (0..n as usize).map(|q| (i * 3 + q) as i32).sum();
+                assert_eq!(
+                    i32::from_ne_bytes(x.try_into().unwrap()),
+                    want,
+                    "{algo} r{r} [{i}]"
+                );
+            }
+        }
+        let taken: usize = world
+            .iter()
+            .flat_map(|(_, l)| l.iter())
+            .map(|l| l.taken.load(Ordering::Relaxed))
+            .sum();
+        let offers: usize = world
+            .iter()
+            .flat_map(|(_, l)| l.iter())
+            .map(|l| l.offers.load(Ordering::Relaxed))
+            .sum();
+        assert!(
+            taken > 0 && taken < offers,
+            "{algo}: {taken} of {offers} taken"
+        );
     }
 }

@@ -671,6 +671,43 @@ mod suite {
         transfer(&a, &b, 1, 1 << 20).await;
     }
 
+    /// Borrowed bytes (`send_bytes`) arrive intact whether the socket takes them whole or
+    /// only in part: what it does not take is copied before the send resolves, so the
+    /// caller may reuse its buffer at once, even while the peer has not read a byte.
+    pub(crate) async fn borrowed_sends_arrive_intact_whole_or_in_part(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
+        let mut l = listener(&t).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let sizes = [0, 1, 100, 65_536, 1 << 20, 24 << 20];
+        for (op, len) in sizes.into_iter().enumerate() {
+            let mut data = pattern(len, op as u8).to_vec();
+            let fut = a
+                .send_bytes(tag(op as u64, 0), &data)
+                .expect("TCP links take borrowed bytes");
+            fut.await.unwrap();
+            // The link owns what it did not write: scribbling over the source now must not
+            // change what arrives (24 MiB cannot fit the socket buffers unread).
+            data.iter_mut().for_each(|b| *b = !*b);
+        }
+        for (op, len) in sizes.into_iter().enumerate() {
+            let got = tokio::time::timeout(WAIT, b.recv(tag(op as u64, 0)))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(got == pattern(len, op as u8), "{len} bytes corrupted");
+        }
+        // Borrowed and owned sends share one stream, in order.
+        a.send(tag(100, 0), pattern(10, 1)).await.unwrap();
+        a.send_bytes(tag(100, 1), &pattern(10, 2))
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(b.recv(tag(100, 0)).await.unwrap(), pattern(10, 1));
+        assert_eq!(b.recv(tag(100, 1)).await.unwrap(), pattern(10, 2));
+    }
+
     /// A `recv` that parks at once is woken by the progress thread, again after the
     /// backend stopped watching the socket (nobody was waiting); a `recv` that spins reads
     /// the socket itself, so a message arriving within its window completes it long before
@@ -875,6 +912,10 @@ macro_rules! backend_suite {
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn cancel_mid_frame_is_bounded() { suite::cancel_mid_frame_is_bounded($backend).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn borrowed_sends_arrive_intact_whole_or_in_part() {
+                suite::borrowed_sends_arrive_intact_whole_or_in_part($backend).await
+            }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn parked_and_spinning_receives_both_deliver() {
                 suite::parked_and_spinning_receives_both_deliver($backend).await

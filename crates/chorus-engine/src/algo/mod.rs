@@ -88,9 +88,16 @@ where
         if let Some(o) = out {
             while sent < ko && sent <= c + ahead {
                 let (s, l) = cut(o.len, ce, sent);
-                let p = run.pack(mem, (o.start + s) * es, l * es)?;
-                run.send(peer, step(phase, k, sent), o.tag_base + s * es, p)
-                    .await?;
+                let tag_off = o.tag_base + s * es;
+                run.send_from(
+                    peer,
+                    step(phase, k, sent),
+                    tag_off,
+                    mem,
+                    (o.start + s) * es,
+                    l * es,
+                )
+                .await?;
                 sent += 1;
             }
         }

@@ -185,6 +185,60 @@ impl TcpLink {
         }
     }
 
+    /// What `send_bytes` does: like `send_chunk`, but the payload is the caller's borrowed
+    /// bytes, copied only as far as the socket does not take them at once.
+    async fn send_slice(&self, tag: Tag, data: &[u8]) -> Result<(), LinkError> {
+        if let Some(err) = self.matcher.terminal() {
+            return Err(err);
+        }
+        // The only suspension point, before anything is numbered or written: a future
+        // dropped here leaves no trace (the engine then sends a payload instead).
+        let credit = self.matcher.acquire(data.len()).await?;
+        let mut out = self.outbound.lock();
+        let mut frame = match out.admit_len(&self.matcher, &tag, data.len()) {
+            Ok(frame) => frame,
+            Err(e) => {
+                drop(out);
+                self.matcher.release(credit);
+                return Err(e);
+            }
+        };
+        let mut written = 0;
+        if out.is_idle() {
+            match socket::send_vectored(self.io.fd(), &frame.head, data) {
+                Ok(n) => written = n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    drop(out);
+                    self.matcher.release(credit);
+                    return Err(self.lost(e));
+                }
+            }
+            if written == frame.head.len() + data.len() {
+                drop(out);
+                self.matcher.release(credit);
+                return Ok(());
+            }
+        }
+        frame.rest_of(data, written);
+        frame.credit = Some(credit);
+        let wake = out.push(frame);
+        drop(out);
+        if wake {
+            self.io.kick();
+        }
+        Ok(())
+    }
+
+    /// A write to the socket failed: the connection is lost.
+    fn lost(&self, e: std::io::Error) -> LinkError {
+        let lost = format!("send: {e}");
+        inbound::on_lost(&self.matcher, lost.clone());
+        self.close(None);
+        self.failure()
+            .unwrap_or(LinkError::ConnectionLost { detail: lost })
+    }
+
     async fn send_chunk(&self, tag: Tag, payload: Bytes) -> Result<(), LinkError> {
         if let Some(err) = self.matcher.terminal() {
             return Err(err);
@@ -209,12 +263,7 @@ impl TcpLink {
                 Err(e) => {
                     drop(out);
                     self.matcher.release(credit);
-                    let lost = format!("send: {e}");
-                    inbound::on_lost(&self.matcher, lost.clone());
-                    self.close(None);
-                    return Err(self
-                        .failure()
-                        .unwrap_or(LinkError::ConnectionLost { detail: lost }));
+                    return Err(self.lost(e));
                 }
             }
             if frame.is_done() {
@@ -240,6 +289,14 @@ impl Link<Bytes> for TcpLink {
 
     fn send(&self, tag: Tag, payload: Bytes) -> LinkFuture<'_, ()> {
         Box::pin(self.send_chunk(tag, payload))
+    }
+
+    fn send_bytes<'a>(&'a self, tag: Tag, data: &'a [u8]) -> Option<LinkFuture<'a, ()>> {
+        // Payloads the io_uring writer would send zero-copy need a buffer it can keep.
+        if !direct(data.len(), self.io.zero_copy_from()) {
+            return None;
+        }
+        Some(Box::pin(self.send_slice(tag, data)))
     }
 
     fn recv(&self, tag: Tag) -> LinkFuture<'_, Bytes> {
