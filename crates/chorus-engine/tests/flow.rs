@@ -218,6 +218,8 @@ impl Link<Bytes> for Borrowing {
     }
 }
 
+type BorrowingEngine = Engine<HostDevice, Borrowing>;
+
 #[test]
 fn links_that_borrow_the_bytes_give_the_same_results() {
     let n = 3u32;
@@ -234,7 +236,7 @@ fn links_that_borrow_the_bytes_give_the_same_results() {
         };
         config.overrides.all_reduce = Some(algo);
         let root = Context::root();
-        let world: Vec<(Engine<HostDevice, Borrowing>, Vec<Arc<Borrowing>>)> =
+        let world: Vec<(BorrowingEngine, Vec<Arc<Borrowing>>)> =
             chorus_engine::local::mesh::<Bytes>(n, HeldLimit::default())
                 .into_iter()
                 .enumerate()

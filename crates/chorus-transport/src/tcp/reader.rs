@@ -45,6 +45,14 @@ pub(crate) struct Reader {
     watching: AtomicBool,
 }
 
+impl ReadState {
+    /// Ends the stream with `depart` (the departure owed to the peer, if any).
+    fn end(&mut self, depart: Option<Depart>) -> Pumped {
+        self.ended = Some(depart.clone());
+        Pumped::Close(depart)
+    }
+}
+
 impl fmt::Debug for Reader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reader")
@@ -58,8 +66,10 @@ impl fmt::Debug for Reader {
 #[derive(Debug)]
 struct ReadState {
     decoder: Decoder,
-    /// The stream ended or was refused: nobody reads it again.
-    done: bool,
+    /// The stream ended or was refused: nobody reads it again, and every pass answers with
+    /// the same close (so whichever reader requests the link's close first, a departure the
+    /// stream owes the peer is the one requested).
+    ended: Option<Option<Depart>>,
 }
 
 /// What a pass over the socket found.
@@ -87,7 +97,7 @@ impl Reader {
             peer,
             state: Mutex::new(ReadState {
                 decoder,
-                done: false,
+                ended: None,
             }),
             watching: AtomicBool::new(false),
         }
@@ -115,31 +125,25 @@ impl Reader {
     /// Decodes frames already buffered (bytes read past the handshake), without reading.
     pub(crate) fn decode_buffered(&self) -> Pumped {
         let mut st = self.state.lock();
-        if st.done {
-            return Pumped::Close(None);
+        if let Some(depart) = &st.ended {
+            return Pumped::Close(depart.clone());
         }
         match self.decode(&mut st.decoder).0 {
             Flow::Continue => Pumped::Drained,
-            Flow::Close(depart) => {
-                st.done = true;
-                Pumped::Close(depart)
-            }
+            Flow::Close(depart) => st.end(depart),
         }
     }
 
     fn drain(&self, st: &mut ReadState) -> Pumped {
-        if st.done {
-            return Pumped::Close(None);
+        if let Some(depart) = &st.ended {
+            return Pumped::Close(depart.clone());
         }
         loop {
             let read = socket::recv_into(self.fd.as_fd(), st.decoder.recv_buf());
             let detail = match read {
                 Ok(0) => "peer closed the connection without a departure".to_string(),
                 Ok(_) => match self.decode(&mut st.decoder) {
-                    (Flow::Close(depart), _) => {
-                        st.done = true;
-                        return Pumped::Close(depart);
-                    }
+                    (Flow::Close(depart), _) => return st.end(depart),
                     (Flow::Continue, true) => return Pumped::More,
                     (Flow::Continue, false) => continue,
                 },
@@ -147,8 +151,7 @@ impl Reader {
                 Err(e) => format!("recv: {e}"),
             };
             inbound::on_lost(&self.matcher, detail);
-            st.done = true;
-            return Pumped::Close(None);
+            return st.end(None);
         }
     }
 
