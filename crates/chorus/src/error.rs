@@ -235,7 +235,10 @@ struct Status(i32);
 
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 < 0 {
+        if self.0 == i32::MIN {
+            // A pidfd on a process that is not our child: it ended, how is unknown.
+            f.write_str("status unknown")
+        } else if self.0 < 0 {
             write!(f, "signal {}", -self.0)
         } else {
             write!(f, "status {}", self.0)
