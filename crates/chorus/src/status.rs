@@ -327,9 +327,9 @@ impl JobStatus {
         self.first_rank(reply, peer)
     }
 
-    /// How the other members see `rank`: the most severe state any of them records
-    /// (dead or departed over suspect over alive), and the most recent time any of them
-    /// heard from it. `None` when no other member answered about it.
+    /// How the other members see `rank`: the most telling state any of them records (dead
+    /// or departed over suspect over alive over joining), and the most recent time any of
+    /// them heard from it. `None` when no other member answered about it.
     pub fn seen(&self, rank: Rank) -> Option<(PeerState, Option<Duration>)> {
         let mut state: Option<PeerState> = None;
         let mut heard: Option<u64> = None;
@@ -407,11 +407,12 @@ impl JobStatus {
     }
 }
 
-/// Orders ledger states from best to worst news.
+/// Orders ledger states from least to most telling: a member that never heard from a peer
+/// (it does not observe it) still lists it as joining, which says nothing.
 fn severity(state: PeerState) -> u8 {
     match state {
-        PeerState::Alive => 0,
-        PeerState::Joining => 1,
+        PeerState::Joining => 0,
+        PeerState::Alive => 1,
         PeerState::Suspect => 2,
         PeerState::Departed => 3,
         PeerState::Dead => 4,

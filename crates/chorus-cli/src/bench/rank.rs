@@ -76,6 +76,7 @@ pub(crate) fn run(args: RankArgs) -> Verdict {
         me,
         comm,
         timed: 0,
+        corrupt: std::env::var("CHORUS_BENCH_CORRUPT").is_ok_and(|v| v == "1"),
     };
     let verdict = match bench.sweep(&sizes) {
         Ok(()) => {
@@ -98,6 +99,8 @@ struct Bench {
     comm: Comm,
     /// Timed calls made so far over the whole sweep (what `--inject ...@ITER` counts).
     timed: u64,
+    /// `CHORUS_BENCH_CORRUPT=1`: rank 0 spoils one element of each checked result (tests).
+    corrupt: bool,
 }
 
 /// Which of the two modes a call runs in.
@@ -310,6 +313,11 @@ impl Bench {
             }
         }
         self.call(shape, mode, send.bytes(), io.bytes_mut())?;
+        if self.corrupt && r == 0 && !io.bytes().is_empty() {
+            // Test hook: spoil one result element, so tests see wrong results counted.
+            let last = io.bytes().len() - 1;
+            io.bytes_mut()[last] ^= 0x01;
+        }
         // What this rank must hold afterwards, and where.
         let got = io.bytes();
         let mut expected = vec![0u8; shape.recv * elt];
