@@ -49,7 +49,10 @@ fn check_doc(doc: &Value, collective: &str, ranks: u64, factor: f64) {
             assert!(t.is_finite() && t > 0.0, "{row}");
             let alg = m["algbw_gbs"].as_f64().unwrap();
             let bus = m["busbw_gbs"].as_f64().unwrap();
-            assert!((alg - size as f64 / t / 1e3).abs() <= 1e-9 * alg.max(1.0), "{row}");
+            assert!(
+                (alg - size as f64 / t / 1e3).abs() <= 1e-9 * alg.max(1.0),
+                "{row}"
+            );
             assert!((bus - alg * factor).abs() <= 1e-9 * bus.max(1.0), "{row}");
             busbw.push(bus);
         }
@@ -78,7 +81,11 @@ fn every_collective_gives_the_agreed_document_with_no_wrong_element() {
         check_doc(&doc, collective, 3, factor);
         let rooted = matches!(collective, "broadcast" | "reduce");
         assert_eq!(doc["rows"][0]["root"], if rooted { 2 } else { -1 });
-        assert_eq!(doc["rows"].as_array().unwrap().len(), 3, "64 B, 1 KiB, 16 KiB");
+        assert_eq!(
+            doc["rows"].as_array().unwrap().len(),
+            3,
+            "64 B, 1 KiB, 16 KiB"
+        );
     }
 }
 
@@ -100,8 +107,14 @@ fn results_are_exact_across_types_and_reductions() {
         assert_eq!(doc["op"], op);
         for row in doc["rows"].as_array().unwrap() {
             assert_eq!(row["type"], dtype);
-            assert_eq!(row["out_of_place"]["wrong"], 0, "{collective} {dtype} {op}: {row}");
-            assert_eq!(row["in_place"]["wrong"], 0, "{collective} {dtype} {op}: {row}");
+            assert_eq!(
+                row["out_of_place"]["wrong"], 0,
+                "{collective} {dtype} {op}: {row}"
+            );
+            assert_eq!(
+                row["in_place"]["wrong"], 0,
+                "{collective} {dtype} {op}: {row}"
+            );
         }
     }
 }
@@ -113,9 +126,14 @@ fn the_table_is_nccl_tests_table() {
     let done = run(&args, LIMIT);
     assert_eq!(done.code(), 0, "{}", done.stderr);
     let out = &done.stdout;
-    assert!(out.contains("out-of-place                       in-place"), "{out}");
     assert!(
-        out.lines().any(|l| l.starts_with("#       size         count      type   redop    root     time   algbw   busbw  #wrong")),
+        out.contains("out-of-place                       in-place"),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with(
+            "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+        )),
         "{out}"
     );
     let rows: Vec<Vec<&str>> = out
@@ -146,8 +164,16 @@ fn a_killed_rank_is_detected_and_the_sweep_goes_on_without_it() {
     assert_eq!(incident["kind"], "kill");
     assert_eq!(incident["rank"], 2);
     assert_eq!(incident["world_after"], 3);
-    assert_eq!(incident["detect_ms"].as_array().unwrap().len(), 3, "{incident}");
-    assert_eq!(incident["shrink_ms"].as_array().unwrap().len(), 3, "{incident}");
+    assert_eq!(
+        incident["detect_ms"].as_array().unwrap().len(),
+        3,
+        "{incident}"
+    );
+    assert_eq!(
+        incident["shrink_ms"].as_array().unwrap().len(),
+        3,
+        "{incident}"
+    );
     for d in incident["detect_ms"].as_array().unwrap() {
         // Conclusive evidence (the process is gone): far below the heartbeat deadline.
         assert!(d["ms"].as_f64().unwrap() < 1500.0, "{incident}");
@@ -157,10 +183,17 @@ fn a_killed_rank_is_detected_and_the_sweep_goes_on_without_it() {
     assert_eq!(rows[0]["ranks"], 4);
     assert_eq!(incident["size"], 1024);
     assert_eq!(incident["mode"], "out-of-place");
-    assert_eq!(rows[1]["ranks"], 3, "the size it failed at, measured again on 3 ranks");
+    assert_eq!(
+        rows[1]["ranks"], 3,
+        "the size it failed at, measured again on 3 ranks"
+    );
     assert_eq!(rows[2]["ranks"], 3, "the sweep went on, on 3 ranks");
     // Shown live on stderr.
-    for needle in ["rank 2 killed (SIGKILL)", "detected by 3/3 survivors", "shrunk to 3 ranks"] {
+    for needle in [
+        "rank 2 killed (SIGKILL)",
+        "detected by 3/3 survivors",
+        "shrunk to 3 ranks",
+    ] {
         assert!(done.stderr.contains(needle), "{needle}:\n{}", done.stderr);
     }
     assert_all_gone(&rank_pids(&done.stderr));
@@ -173,8 +206,14 @@ fn check_rows_after_shrink(doc: &Value) {
         for mode in ["out_of_place", "in_place"] {
             let m = &row[mode];
             assert_eq!(m["wrong"], 0, "{row}");
-            let (alg, bus) = (m["algbw_gbs"].as_f64().unwrap(), m["busbw_gbs"].as_f64().unwrap());
-            assert!((bus - alg * 2.0 * (n - 1.0) / n).abs() <= 1e-9 * bus.max(1.0), "{row}");
+            let (alg, bus) = (
+                m["algbw_gbs"].as_f64().unwrap(),
+                m["busbw_gbs"].as_f64().unwrap(),
+            );
+            assert!(
+                (bus - alg * 2.0 * (n - 1.0) / n).abs() <= 1e-9 * bus.max(1.0),
+                "{row}"
+            );
         }
     }
 }
@@ -193,13 +232,22 @@ fn a_frozen_rank_is_detected_by_silence_and_killed_by_the_launcher_at_the_end() 
         let ms = d["ms"].as_f64().unwrap();
         assert!((1000.0..30_000.0).contains(&ms), "{incident}");
     }
-    assert!(doc["rows"].as_array().unwrap().iter().all(|r| r["out_of_place"]["wrong"] == 0));
+    assert!(
+        doc["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["out_of_place"]["wrong"] == 0)
+    );
     let frozen = done
         .stderr
         .lines()
         .find(|l| l.contains("rank 1 (pid"))
         .unwrap_or_else(|| panic!("{}", done.stderr));
-    assert!(frozen.contains("killed by SIGKILL") && frozen.contains("frozen by --inject"), "{frozen}");
+    assert!(
+        frozen.contains("killed by SIGKILL") && frozen.contains("frozen by --inject"),
+        "{frozen}"
+    );
     assert_all_gone(&rank_pids(&done.stderr));
 }
 
@@ -223,7 +271,11 @@ fn wrong_results_are_counted_and_fail_the_bench() {
         cmd.args(SMALL).env("CHORUS_BENCH_CORRUPT", "1");
         let done = common::Proc::start(cmd).finish(LIMIT);
         assert_eq!(done.code(), 1, "{collective}: {}", done.stderr);
-        assert!(done.stdout.contains("# Out of bounds values : 6 FAILED"), "{collective}:\n{}", done.stdout);
+        assert!(
+            done.stdout.contains("# Out of bounds values : 6 FAILED"),
+            "{collective}:\n{}",
+            done.stdout
+        );
     }
 }
 
@@ -231,7 +283,10 @@ fn wrong_results_are_counted_and_fail_the_bench() {
 fn bad_options_are_refused_with_the_reason() {
     for (args, needle) in [
         (vec!["bench", "-n", "2", "-r", "5"], "not a rank"),
-        (vec!["bench", "-n", "2", "--inject", "kill:7@1"], "no rank 7"),
+        (
+            vec!["bench", "-n", "2", "--inject", "kill:7@1"],
+            "no rank 7",
+        ),
         (vec!["bench", "-b", "1M", "-e", "1K"], "below"),
         (vec!["bench", "-d", "quad"], "not a type"),
         (vec!["bench", "--transport", "carrier-pigeon"], "tcp"),

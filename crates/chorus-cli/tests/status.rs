@@ -17,9 +17,16 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// `chorus status --token-file F --json`, bounded.
 fn status_json(token_file: &Path) -> Value {
     let file = token_file.to_str().unwrap();
-    let done = run(&["status", "--token-file", file, "--json", "--timeout", "2s"], LIMIT);
+    let done = run(
+        &["status", "--token-file", file, "--json", "--timeout", "2s"],
+        LIMIT,
+    );
     assert_eq!(done.code(), 0, "{}", done.stderr);
-    assert!(done.elapsed < Duration::from_secs(20), "status took {:?}", done.elapsed);
+    assert!(
+        done.elapsed < Duration::from_secs(20),
+        "status took {:?}",
+        done.elapsed
+    );
     serde_json::from_str(&done.stdout).unwrap_or_else(|e| panic!("{e}: {}", done.stdout))
 }
 
@@ -56,8 +63,21 @@ fn status_names_the_frozen_rank_a_bench_waits_on() {
     let dir = scratch("status-bench");
     let token = dir.join("token");
     let mut cmd = chorus(&[
-        "bench", "-n", "4", "-b", "8", "-e", "8", "-w", "1", "-i", "1000", "--inject",
-        "stop:2@3", "--token-file", token.to_str().unwrap(),
+        "bench",
+        "-n",
+        "4",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-w",
+        "1",
+        "-i",
+        "1000",
+        "--inject",
+        "stop:2@3",
+        "--token-file",
+        token.to_str().unwrap(),
     ]);
     // Long enough that the detector does not end the stall while we look at it.
     cmd.env("CHORUS_HEARTBEAT_DEADLINE", "60s");
@@ -72,17 +92,32 @@ fn status_names_the_frozen_rank_a_bench_waits_on() {
     assert_eq!(stall["waiters"], serde_json::json!([0, 1, 3]), "{s}");
     let ranks = s["ranks"].as_array().unwrap();
     assert_eq!(ranks[2]["answered"], false);
-    assert!(ranks[2]["unreachable"].as_str().unwrap().contains("no answer"), "{s}");
+    assert!(
+        ranks[2]["unreachable"]
+            .as_str()
+            .unwrap()
+            .contains("no answer"),
+        "{s}"
+    );
     for r in [0, 1, 3] {
         assert_eq!(ranks[r]["answered"], true, "{s}");
         assert_eq!(ranks[r]["epoch"], 0);
         assert_eq!(ranks[r]["in_flight"]["collective"], "all-reduce", "{s}");
         assert_eq!(ranks[r]["in_flight"]["state"], "running", "{s}");
     }
-    assert_eq!(ranks[2]["seen_as"], "alive", "not yet past the detector's deadline: {s}");
+    assert_eq!(
+        ranks[2]["seen_as"], "alive",
+        "not yet past the detector's deadline: {s}"
+    );
     // The table a person reads says the same.
     let text = run(
-        &["status", "--token-file", token.to_str().unwrap(), "--timeout", "1s"],
+        &[
+            "status",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--timeout",
+            "1s",
+        ],
         LIMIT,
     );
     assert_eq!(text.code(), 0, "{}", text.stderr);
@@ -105,9 +140,27 @@ fn status_works_on_a_job_chorus_run_launched_and_the_frozen_rank_is_reaped() {
     let dir = scratch("status-run");
     let token = dir.join("token");
     let mut cmd = chorus(&[
-        "run", "-n", "3", "--reap-budget", "1s", "--token-file", token.to_str().unwrap(),
-        "--", CHORUS, "bench-rank", "all-reduce", "-b", "8", "-e", "8", "-w", "1", "-i",
-        "100000", "--inject", "stop:1@3",
+        "run",
+        "-n",
+        "3",
+        "--reap-budget",
+        "1s",
+        "--token-file",
+        token.to_str().unwrap(),
+        "--",
+        CHORUS,
+        "bench-rank",
+        "all-reduce",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-w",
+        "1",
+        "-i",
+        "100000",
+        "--inject",
+        "stop:1@3",
     ]);
     cmd.env("CHORUS_HEARTBEAT_DEADLINE", "60s");
     let job = Proc::start(cmd);
@@ -138,7 +191,14 @@ fn status_watches_a_job_until_it_ends_and_says_when_ranks_have_not_joined() {
     let token = dir.join("token");
     // Ranks that never join: the root answers, with no peer table.
     let job = Proc::start(chorus(&[
-        "run", "-n", "2", "--token-file", token.to_str().unwrap(), "--", "sleep", "3",
+        "run",
+        "-n",
+        "2",
+        "--token-file",
+        token.to_str().unwrap(),
+        "--",
+        "sleep",
+        "3",
     ]));
     let deadline = Instant::now() + Duration::from_secs(30);
     while !token.exists() {
@@ -147,7 +207,12 @@ fn status_watches_a_job_until_it_ends_and_says_when_ranks_have_not_joined() {
     }
     let watch = run(
         &[
-            "status", "--token-file", token.to_str().unwrap(), "--watch", "300ms", "--timeout",
+            "status",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--watch",
+            "300ms",
+            "--timeout",
             "1s",
         ],
         LIMIT,
@@ -158,12 +223,22 @@ fn status_watches_a_job_until_it_ends_and_says_when_ranks_have_not_joined() {
         "{}",
         watch.stdout
     );
-    assert!(watch.stderr.contains("no longer answers"), "{}", watch.stderr);
+    assert!(
+        watch.stderr.contains("no longer answers"),
+        "{}",
+        watch.stderr
+    );
     let done = job.finish(LIMIT);
     assert_eq!(done.code(), 0, "{}", done.stderr);
     // The job is gone: its token now names nobody, and asking fails promptly.
     let gone = run(
-        &["status", "--token-file", token.to_str().unwrap(), "--timeout", "1s"],
+        &[
+            "status",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--timeout",
+            "1s",
+        ],
         LIMIT,
     );
     assert_eq!(gone.code(), 1, "{}", gone.stdout);

@@ -23,14 +23,19 @@ fn every_member_answers_and_nobody_waits() {
     let world = 3;
     let root = RootHost::start("127.0.0.1:0".parse().unwrap(), world, &config()).unwrap();
     let id = root.unique_id().clone();
-    let (ready, done) = (Barrier::new(world as usize + 1), Barrier::new(world as usize + 1));
+    let (ready, done) = (
+        Barrier::new(world as usize + 1),
+        Barrier::new(world as usize + 1),
+    );
     thread::scope(|s| {
         for r in 0..world {
             let (id, ready, done) = (id.clone(), &ready, &done);
             s.spawn(move || {
                 let comm = Comm::init_blocking(&id, r, world, config()).unwrap();
                 let mut v = [1u32; 8];
-                comm.blocking().all_reduce_in_place(&mut v, Reduction::Sum).unwrap();
+                comm.blocking()
+                    .all_reduce_in_place(&mut v, Reduction::Sum)
+                    .unwrap();
                 ready.wait();
                 done.wait();
                 comm.destroy_blocking().unwrap();
@@ -49,7 +54,10 @@ fn every_member_answers_and_nobody_waits() {
             assert_eq!(reply.rank, Rank(i as u32));
             assert_eq!(reply.epoch, Epoch(0));
             assert_eq!(reply.peers.len(), world as usize);
-            assert!(!reply.ops.is_empty(), "the all-reduce is in the flight recorder");
+            assert!(
+                !reply.ops.is_empty(),
+                "the all-reduce is in the flight recorder"
+            );
         }
         assert_eq!(status.waiting_on(), None);
         assert!(status.elapsed < Duration::from_secs(5));
