@@ -215,7 +215,12 @@ fn on_failure_stop_ends_the_others() {
         LIMIT,
     );
     assert_eq!(done.code(), 1, "{}", done.stderr);
-    assert!(done.stderr.contains("--on-failure stop"), "{}", done.stderr);
+    assert!(
+        done.stderr
+            .contains("SIGTERM from the launcher: another rank failed"),
+        "{}",
+        done.stderr
+    );
     assert!(done.elapsed < Duration::from_secs(20), "{:?}", done.elapsed);
 }
 

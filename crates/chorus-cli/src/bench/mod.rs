@@ -289,6 +289,15 @@ impl Driver {
     fn on_event(&mut self, launcher: &mut Launcher, event: &LaunchEvent) {
         match event {
             LaunchEvent::Line { rank, line } => match RankEvent::parse(line) {
+                Some(RankEvent::Fatal { rank, error }) => {
+                    self.out.live(&format!("rank {rank} cannot go on: {error}"));
+                    self.fatal.push((rank, error));
+                    // Before the first size (init failed), the others would only wait for
+                    // it until their init deadline: stop them now.
+                    if self.rows.is_empty() {
+                        launcher.stop_after_failure(rank);
+                    }
+                }
                 Some(ev) => self.on_rank_event(ev),
                 // Whatever else a rank prints is passed on, named.
                 None => self
@@ -299,6 +308,13 @@ impl Driver {
             LaunchEvent::Ended(end) => {
                 if !end.how.ok() {
                     self.out.live(&end.to_string());
+                    let injected = self
+                        .incidents
+                        .iter()
+                        .any(|o| o.incident.rank == Some(end.rank));
+                    if self.rows.is_empty() && !injected {
+                        launcher.stop_after_failure(end.rank);
+                    }
                 }
             }
             LaunchEvent::Done => {}
@@ -445,10 +461,8 @@ impl Driver {
                 i.epoch_after = Some(epoch);
                 self.show_progress();
             }
-            RankEvent::Fatal { rank, error } => {
-                self.out.live(&format!("rank {rank} cannot go on: {error}"));
-                self.fatal.push((rank, error));
-            }
+            // Handled with the launcher at hand, in `on_event`.
+            RankEvent::Fatal { .. } => {}
         }
     }
 

@@ -51,7 +51,7 @@ impl fmt::Display for Cause {
         match self {
             Cause::Forwarded(s) => write!(f, "{} forwarded by the launcher", signal_name(*s)),
             Cause::Timeout => f.write_str("SIGTERM from the launcher at --timeout"),
-            Cause::StopOnFailure => f.write_str("SIGTERM from the launcher (--on-failure stop)"),
+            Cause::StopOnFailure => f.write_str("SIGTERM from the launcher: another rank failed"),
             Cause::NoProgress(budget) => write!(
                 f,
                 "SIGKILL from the launcher: no rank exited for {}",

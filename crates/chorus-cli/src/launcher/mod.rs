@@ -347,6 +347,12 @@ impl Launcher {
         }
     }
 
+    /// Stops the job because `rank` failed, as `--on-failure stop` does: SIGTERM to the
+    /// others, then the no-progress budget.
+    pub(crate) fn stop_after_failure(&mut self, rank: u32) {
+        self.begin_stop(Stop::RankFailed(rank), Signal::TERM, Cause::StopOnFailure);
+    }
+
     /// Starts stopping the job (once; later calls keep the first reason): `signal` to every
     /// live rank's process group, and the no-progress budget starts.
     fn begin_stop(&mut self, stop: Stop, signal: Signal, cause: Cause) {
@@ -593,4 +599,63 @@ fn write_token(path: &std::path::Path, token: &str) -> std::io::Result<()> {
     f.write_all(b"\n")?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn end(rank: u32, how: How) -> RankEnd {
+        RankEnd {
+            rank,
+            pid: 100 + rank,
+            how,
+            at: Duration::ZERO,
+            cause: None,
+        }
+    }
+
+    fn report(ends: Vec<RankEnd>, stop: Option<Stop>, unreaped: usize) -> JobReport {
+        JobReport {
+            ends,
+            stop,
+            unreaped,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn verdicts_follow_the_documented_precedence() {
+        let ok = || vec![end(0, How::Exited(0)), end(1, How::Exited(0))];
+        let failed = || vec![end(0, How::Exited(0)), end(1, How::Signaled(9))];
+        assert_eq!(report(ok(), None, 0).verdict(|_| false), Verdict::Ok);
+        assert_eq!(
+            report(failed(), None, 0).verdict(|_| false),
+            Verdict::RankFailed
+        );
+        // A death the caller caused on purpose (bench --inject) is not a failure.
+        assert_eq!(report(failed(), None, 0).verdict(|r| r == 1), Verdict::Ok);
+        assert_eq!(
+            report(failed(), Some(Stop::RankFailed(1)), 0).verdict(|_| false),
+            Verdict::RankFailed
+        );
+        assert_eq!(
+            report(failed(), Some(Stop::Timeout), 0).verdict(|_| false),
+            Verdict::Timeout
+        );
+        assert_eq!(
+            report(ok(), Some(Stop::Signal(15)), 0).verdict(|_| false),
+            Verdict::Interrupted(15)
+        );
+        // Launcher error over everything.
+        assert_eq!(
+            report(ok(), Some(Stop::Signal(2)), 1).verdict(|_| false),
+            Verdict::LauncherError
+        );
+        let stuck = vec![end(0, How::Exited(0)), end(1, How::NotReaped)];
+        assert_eq!(
+            report(stuck, None, 0).verdict(|_| true),
+            Verdict::LauncherError
+        );
+    }
 }
