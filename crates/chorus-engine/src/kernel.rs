@@ -44,10 +44,6 @@ const BLOCK: usize = 4096;
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub(crate) enum Path {
     Fast,
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the reference the tests hold the fast path to")
-    )]
     Portable,
 }
 

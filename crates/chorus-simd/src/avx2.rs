@@ -243,25 +243,32 @@ mod x86 {
     }
 
     /// `x` rounded to bf16 (nearest, ties to even), in the low half of each 32-bit lane; a
-    /// NaN keeps its top 16 bits with the quiet bit set.
+    /// NaN keeps its top 16 bits with the quiet bit set. Without `NAN` the caller promises
+    /// that any NaN in `x` is quiet with zero low 16 bits, which rounding then leaves alone:
+    /// true of sums and products of widened bf16, whose NaN is an operand's (quieted) or the
+    /// default NaN.
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    fn round_bf16(x: __m256) -> __m256i {
+    fn round_bf16<const NAN: bool>(x: __m256) -> __m256i {
         let b = _mm256_castps_si256(x);
         let top = _mm256_srli_epi32::<16>(b);
         let lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
         let bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff));
         let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(b, bias));
-        let quiet = _mm256_or_si256(top, _mm256_set1_epi32(i32::from(BF16_QUIET)));
-        let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
-        _mm256_blendv_epi8(rounded, quiet, nan)
+        if NAN {
+            let quiet = _mm256_or_si256(top, _mm256_set1_epi32(i32::from(BF16_QUIET)));
+            let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+            _mm256_blendv_epi8(rounded, quiet, nan)
+        } else {
+            rounded
+        }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    fn narrow_bf16(lo: __m256, hi: __m256) -> __m256i {
+    fn narrow_bf16<const NAN: bool>(lo: __m256, hi: __m256) -> __m256i {
         // Every lane is at most 0xffff, so the saturating pack is a plain one.
-        _mm256_packus_epi32(round_bf16(lo), round_bf16(hi))
+        _mm256_packus_epi32(round_bf16::<NAN>(lo), round_bf16::<NAN>(hi))
     }
 
     #[inline]
@@ -269,14 +276,21 @@ mod x86 {
     fn bf16_arith<const OP: bool>(d: &mut [u8; 32], s: &[u8; 32]) {
         let (d0, d1) = widen_bf16(cast(*d));
         let (s0, s1) = widen_bf16(cast(*s));
-        *d = cast(narrow_bf16(apply::<OP>(d0, s0), apply::<OP>(d1, s1)));
+        *d = cast(narrow_bf16::<false>(
+            apply::<OP>(d0, s0),
+            apply::<OP>(d1, s1),
+        ));
     }
 
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     fn bf16_map<const DIV: bool>(m: &mut [u8; 32], k: __m256) {
+        // The factor may be a NaN with any payload.
         let (m0, m1) = widen_bf16(cast(*m));
-        *m = cast(narrow_bf16(scale::<DIV>(m0, k), scale::<DIV>(m1, k)));
+        *m = cast(narrow_bf16::<true>(
+            scale::<DIV>(m0, k),
+            scale::<DIV>(m1, k),
+        ));
     }
 
     // -----------------------------------------------------------------------------------------
@@ -410,23 +424,70 @@ mod x86 {
         _mm256_blendv_epi8(_mm256_blendv_epi8(out, b, b_nan), a, a_nan)
     }
 
+    /// 32 `f32` that are sums or products of two fp8 values (E4M3's times 2^-8), rounded to
+    /// fp8 through f16: `vcvtps2ph` to nearest-even, then nearest-even again on the f16 bits,
+    /// dropping the 8 (E5M2) or 7 (E4M3) mantissa bits fp8 lacks. Rounding twice can differ
+    /// from rounding once only when the first rounding lands exactly on a midpoint of the
+    /// second from a value that was not on it, so within half an f16 unit of it; a sum or
+    /// product of two fp8 values never is (its significant bits span too few places to
+    /// reach both the midpoint's bit and a bit below f16's last; the tests check every
+    /// pair). NaNs come out as `0x7f` with their sign for E5M2; E4M3 callers put them back
+    /// from the operands ([`keep_e4m3_nan`]). For one-operand maps, whose factor is any
+    /// `f32`, this does not hold: they use [`narrow_fp8`].
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    fn narrow_fp8_pairwise<const E4M3: bool>(x: [__m256; 4]) -> __m256i {
+        let h = [
+            _mm256_set_m128i(_mm256_cvtps_ph::<RNE>(x[1]), _mm256_cvtps_ph::<RNE>(x[0])),
+            _mm256_set_m128i(_mm256_cvtps_ph::<RNE>(x[3]), _mm256_cvtps_ph::<RNE>(x[2])),
+        ];
+        let one = _mm256_set1_epi16(1);
+        let v = h.map(|h| {
+            let mag = _mm256_and_si256(h, _mm256_set1_epi16(0x7fff));
+            if E4M3 {
+                let lsb = _mm256_and_si256(_mm256_srli_epi16::<7>(mag), one);
+                let bias = _mm256_add_epi16(lsb, _mm256_set1_epi16(0x3f));
+                let code = _mm256_srli_epi16::<7>(_mm256_add_epi16(mag, bias));
+                let code = _mm256_min_epu16(code, _mm256_set1_epi16(i16::from(E4M3_TOP)));
+                let sign = _mm256_and_si256(_mm256_srli_epi16::<8>(h), _mm256_set1_epi16(0x80));
+                _mm256_or_si256(code, sign)
+            } else {
+                let top = _mm256_srli_epi16::<8>(h);
+                let lsb = _mm256_and_si256(top, one);
+                let bias = _mm256_add_epi16(lsb, _mm256_set1_epi16(0x7f));
+                // No carry reaches the sign: infinity's 0x7c00 is the largest magnitude
+                // short of a NaN.
+                let code = _mm256_srli_epi16::<8>(_mm256_add_epi16(h, bias));
+                let nan = _mm256_cmpgt_epi16(mag, _mm256_set1_epi16(F16_INF));
+                _mm256_blendv_epi8(code, _mm256_or_si256(top, _mm256_set1_epi16(0x7f)), nan)
+            }
+        });
+        // In-lane pack: the 8-byte groups come out as elements 0, 16, 8, 24.
+        let packed = _mm256_packus_epi16(v[0], v[1]);
+        _mm256_permute4x64_epi64::<0b11_01_10_00>(packed)
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     fn fp8_arith<const E4M3: bool, const OP: bool>(d: &mut [u8; 32], s: &[u8; 32]) {
         let a = widen_fp8::<E4M3>(d);
         let b = widen_fp8::<E4M3>(s);
-        let r = [
+        let mut r = [
             apply::<OP>(a[0], b[0]),
             apply::<OP>(a[1], b[1]),
             apply::<OP>(a[2], b[2]),
             apply::<OP>(a[3], b[3]),
         ];
         *d = cast(if E4M3 {
-            // Scaled operands: a sum carries one 2^-8, a product two.
-            let out = narrow_fp8::<true, false>(r, if OP == PROD { 16 } else { 8 });
-            keep_e4m3_nan(out, cast(*d), cast(*s))
+            // Scaled operands: a sum carries one 2^-8, a product two; take one back.
+            if OP == PROD {
+                for r in &mut r {
+                    *r = _mm256_mul_ps(*r, _mm256_set1_ps(256.0));
+                }
+            }
+            keep_e4m3_nan(narrow_fp8_pairwise::<true>(r), cast(*d), cast(*s))
         } else {
-            narrow_fp8::<false, true>(r, 0)
+            narrow_fp8_pairwise::<false>(r)
         });
     }
 
