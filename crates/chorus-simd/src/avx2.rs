@@ -18,6 +18,10 @@
 
 /// How the one-operand kernels change each element.
 #[derive(Copy, Clone, Debug)]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    expect(dead_code, reason = "only the x86-64 kernels read the factors")
+)]
 pub(crate) enum Map {
     Mul(f32),
     Div(f32),
@@ -166,9 +170,18 @@ mod x86 {
     #[target_feature(enable = "avx2,f16c")]
     fn map_avx2(format: Format, map: Map, mem: &mut [u8]) {
         let (div, k) = match map {
-            Map::Mul(k) => (false, _mm256_set1_ps(k)),
-            Map::Div(k) => (true, _mm256_set1_ps(k)),
+            Map::Mul(k) => (false, k),
+            Map::Div(k) => (true, k),
         };
+        // For bf16, a NaN factor's low 16 bits cleared (quiet bit kept): a product with it
+        // rounds to the same bf16 (they fall below bf16's mantissa), and with every NaN
+        // having zero low bits the bf16 narrowing needs no NaN select.
+        let k = if format == Format::Bf16 && k.is_nan() {
+            f32::from_bits(k.to_bits() & 0xffff_0000 | 0x0040_0000)
+        } else {
+            k
+        };
+        let k = _mm256_set1_ps(k);
         match (format, div) {
             (Format::F16, false) => map_blocks!(mem, |m| f16_map::<false>(m, k)),
             (Format::F16, true) => map_blocks!(mem, |m| f16_map::<true>(m, k)),
@@ -242,33 +255,25 @@ mod x86 {
         )
     }
 
-    /// `x` rounded to bf16 (nearest, ties to even), in the low half of each 32-bit lane; a
-    /// NaN keeps its top 16 bits with the quiet bit set. Without `NAN` the caller promises
-    /// that any NaN in `x` is quiet with zero low 16 bits, which rounding then leaves alone:
-    /// true of sums and products of widened bf16, whose NaN is an operand's (quieted) or the
-    /// default NaN.
+    /// `x` rounded to bf16 (nearest, ties to even), in the low half of each 32-bit lane.
+    /// A NaN must be quiet with zero low 16 bits, which rounding then leaves alone, keeping
+    /// the top half: the reference's quiet NaN. Every caller's NaNs are: x86 arithmetic
+    /// returns an operand's NaN (quieted) or its default NaN, the operands are widened bf16
+    /// and factors with those bits cleared (`map_avx2`).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    fn round_bf16<const NAN: bool>(x: __m256) -> __m256i {
+    fn round_bf16(x: __m256) -> __m256i {
         let b = _mm256_castps_si256(x);
-        let top = _mm256_srli_epi32::<16>(b);
-        let lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
+        let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
         let bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff));
-        let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(b, bias));
-        if NAN {
-            let quiet = _mm256_or_si256(top, _mm256_set1_epi32(i32::from(BF16_QUIET)));
-            let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
-            _mm256_blendv_epi8(rounded, quiet, nan)
-        } else {
-            rounded
-        }
+        _mm256_srli_epi32::<16>(_mm256_add_epi32(b, bias))
     }
 
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    fn narrow_bf16<const NAN: bool>(lo: __m256, hi: __m256) -> __m256i {
+    fn narrow_bf16(lo: __m256, hi: __m256) -> __m256i {
         // Every lane is at most 0xffff, so the saturating pack is a plain one.
-        _mm256_packus_epi32(round_bf16::<NAN>(lo), round_bf16::<NAN>(hi))
+        _mm256_packus_epi32(round_bf16(lo), round_bf16(hi))
     }
 
     #[inline]
@@ -276,21 +281,15 @@ mod x86 {
     fn bf16_arith<const OP: bool>(d: &mut [u8; 32], s: &[u8; 32]) {
         let (d0, d1) = widen_bf16(cast(*d));
         let (s0, s1) = widen_bf16(cast(*s));
-        *d = cast(narrow_bf16::<false>(
-            apply::<OP>(d0, s0),
-            apply::<OP>(d1, s1),
-        ));
+        *d = cast(narrow_bf16(apply::<OP>(d0, s0), apply::<OP>(d1, s1)));
     }
 
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     fn bf16_map<const DIV: bool>(m: &mut [u8; 32], k: __m256) {
-        // The factor may be a NaN with any payload.
+        // `map_avx2` cleared the low bits of a NaN factor.
         let (m0, m1) = widen_bf16(cast(*m));
-        *m = cast(narrow_bf16::<true>(
-            scale::<DIV>(m0, k),
-            scale::<DIV>(m1, k),
-        ));
+        *m = cast(narrow_bf16(scale::<DIV>(m0, k), scale::<DIV>(m1, k)));
     }
 
     // -----------------------------------------------------------------------------------------
