@@ -15,8 +15,12 @@
 //! `min`/`max` follow x86's `minNum` lowering: `min(a, b)` is `b` when `b < a` or `a` is NaN,
 //! else `a` (so equal operands, `+0`/`-0` included, give `a`). NaN results are quiet NaNs: f16
 //! and bf16 keep sign and payload (quiet bit set); fp8 gives its format's `0x7f` with the
-//! sign. E4M3 ("E4M3FN") saturates to ±448, E5M2 overflows to ±infinity. These are the rules
-//! of `chorus-engine`'s portable reference, which its tests hold this crate to bit for bit.
+//! sign; when both operands of a sum or product are NaN, `dst`'s comes back, and an invalid
+//! operation (infinity minus infinity, zero times infinity) gives x86's default NaN, whose
+//! sign bit is set. E4M3 ("E4M3FN") saturates to ±448, E5M2 overflows to ±infinity. These
+//! are the rules of `chorus-engine`'s portable reference, which its tests hold this crate to
+//! bit for bit (except which of two NaN operands comes back, a choice the portable loops
+//! leave to the compiler).
 
 mod avx2;
 
