@@ -116,8 +116,7 @@ impl Device for HostDevice {
         factor: f64,
     ) -> Result<(), DeviceError> {
         whole(len, dtype)?;
-        kernel::scale(region_mut(mem, off, len)?, dtype, factor);
-        Ok(())
+        kernel::scale(region_mut(mem, off, len)?, dtype, factor)
     }
 
     fn divide(
@@ -129,8 +128,7 @@ impl Device for HostDevice {
         divisor: u32,
     ) -> Result<(), DeviceError> {
         whole(len, dtype)?;
-        kernel::divide(region_mut(mem, off, len)?, dtype, divisor);
-        Ok(())
+        kernel::divide(region_mut(mem, off, len)?, dtype, divisor)
     }
 
     fn pack(&self, src: &[u8], off: usize, len: usize) -> Result<Bytes, DeviceError> {
