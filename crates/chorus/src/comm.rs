@@ -520,13 +520,24 @@ impl Comm {
     /// also evidence for the control plane (conclusive: the peer's sockets closed).
     fn op_error(&self, e: &OpError) -> Error {
         let root = e.root_cause();
-        if let (OpErrorKind::Link(LinkError::ConnectionLost { .. }), Some(peer)) =
-            (&root.kind, root.peer)
-        {
-            let _ = self.inner.lineage.handle.tx.send(LineageMsg::DataLost {
-                peer,
-                epoch: self.inner.epoch.epoch,
-            });
+        let epoch = self.inner.epoch.epoch;
+        match (&root.kind, root.peer) {
+            (OpErrorKind::Link(LinkError::ConnectionLost { .. }), Some(peer)) => {
+                let _ = self
+                    .inner
+                    .lineage
+                    .handle
+                    .tx
+                    .send(LineageMsg::DataLost { peer, epoch });
+            }
+            (OpErrorKind::Link(LinkError::PeerDeparted { code, .. }), Some(peer)) => {
+                let _ = self.inner.lineage.handle.tx.send(LineageMsg::DataDeparted {
+                    peer,
+                    epoch,
+                    code: *code,
+                });
+            }
+            _ => {}
         }
         let err = self.stamp(from_op(e));
         if !matches!(err.kind, ErrorKind::InvalidArgument) {

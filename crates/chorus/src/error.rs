@@ -235,7 +235,10 @@ struct Status(i32);
 
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 < 0 {
+        if self.0 == i32::MIN {
+            // A pidfd on a process that is not our child: it ended, how is unknown.
+            f.write_str("status unknown")
+        } else if self.0 < 0 {
             write!(f, "signal {}", -self.0)
         } else {
             write!(f, "status {}", self.0)
@@ -383,6 +386,18 @@ mod tests {
              operation (peer r2, process exited (signal 9)); output buffer holds partial data"
         );
         assert!(e.is_recoverable_by_shrink());
+    }
+
+    #[test]
+    fn an_exit_seen_without_its_status_displays_without_panicking() {
+        let e = Error::new(ErrorKind::PeerFailed, "peer failed")
+            .with_peer(Rank(2))
+            .with_evidence(Evidence::ProcessExited { status: i32::MIN });
+        assert!(
+            e.to_string()
+                .ends_with("(peer r2, process exited (status unknown))"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -61,6 +61,13 @@ pub(crate) enum LineageMsg {
     Exited { peer: Rank, epoch: Epoch },
     /// An operation saw its data link to `peer` lost without a departure.
     DataLost { peer: Rank, epoch: Epoch },
+    /// An operation saw `peer` depart on its data link with `code` (after everything `peer`
+    /// sent on it: the link delivers in order).
+    DataDeparted {
+        peer: Rank,
+        epoch: Epoch,
+        code: CloseCode,
+    },
     /// A request from the application.
     Request(Request),
 }
@@ -354,11 +361,47 @@ impl Driver {
                     });
                 }
             }
+            LineageMsg::DataDeparted { peer, epoch, code } => {
+                self.on_data_departed(peer, epoch, code)
+            }
             LineageMsg::Request(r) => self.on_request(r),
         }
     }
 
+    /// A data link's departure is conclusive evidence, like a control stream's: the node
+    /// learns the peer left (or, with `evicted`, that the peer removed this member). A
+    /// graceful leave under a running operation also strands the members waiting on this
+    /// one, so the epoch is revoked: every member's operations end at once, naming the
+    /// departure (see `on_event`), instead of at their operation deadline.
+    fn on_data_departed(&mut self, peer: Rank, epoch: Epoch, code: CloseCode) {
+        self.input(Input::ConnectionClosed { peer, epoch, code });
+        if matches!(code, CloseCode::NORMAL | CloseCode::LEFT) && epoch == self.node.epoch() {
+            Shared::lock(&self.shared.departed).insert((epoch, peer));
+            self.input(Input::Command(Command::Revoke));
+        }
+    }
+
     fn on_request(&mut self, request: Request) {
+        // A member that was evicted (or left) takes part in no agreement: say so at once
+        // rather than at the agreement deadline.
+        let inert = match self.node.status() {
+            chorus_control::Status::Member => None,
+            chorus_control::Status::Evicted => Some(Error::new(
+                ErrorKind::Evicted,
+                "this member was removed from the communicator; it cannot change it",
+            )),
+            chorus_control::Status::Departed { code } => Some(Error::new(
+                ErrorKind::Destroyed,
+                format!("this member left the communicator ({code})"),
+            )),
+        };
+        let request = match (request, inert) {
+            (Request::Shrink { reply, .. } | Request::Grow { reply, .. }, Some(e)) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+            (request, _) => request,
+        };
         match request {
             Request::Shrink { after, reply } => {
                 if let Some(next) = self.agreed.as_ref().filter(|n| n.agreed.previous >= after) {
@@ -624,11 +667,16 @@ impl Driver {
             LinkError::PeerDeparted { code, .. } => Input::ConnectionClosed { peer, epoch, code },
             LinkError::Cancelled(_) => return,
             LinkError::Protocol { code, .. } => Input::ConnectionLost { peer, epoch, code },
-            _ => Input::ConnectionLost {
-                peer,
-                epoch,
-                code: CloseCode::INTERNAL,
-            },
+            error => {
+                // A QUIC connection ends without a close only by silence: its idle timeout,
+                // which is longer than the heartbeat deadline (the detector has judged the
+                // peer already), or this process's own freeze, after which every timer
+                // expires at once on resume and would condemn every peer of a member that
+                // was itself frozen (and is about to learn it was evicted). Silence is the
+                // detector's to weigh; the stream is reopened when next needed.
+                tracing::debug!(%peer, %epoch, %error, "control stream lost");
+                return;
+            }
         };
         self.input(input);
     }
@@ -807,7 +855,9 @@ impl Driver {
                         .with_evidence(evidence),
                 );
                 self.abort_epoch(epoch, reason);
-                self.cancel_link(epoch, rank, CloseCode::ABORTED);
+                // `evicted`: the receiver was declared absent (SPEC.md, "Codes"). A frozen
+                // peer reads it from its data links when it resumes, and stops.
+                self.cancel_link(epoch, rank, CloseCode::EVICTED);
             }
             Event::PeerDeparted {
                 epoch, rank, code, ..
@@ -826,11 +876,31 @@ impl Driver {
                 }
             }
             Event::Revoked { epoch, origin } => {
-                let reason = AbortReason::Revoked {
-                    origin: Some(origin),
+                // A revoke that follows a graceful leave under running operations (see
+                // `on_data_departed`) names the departure: that is what happened.
+                let departed = Shared::lock(&self.shared.departed)
+                    .iter()
+                    .filter(|(e, _)| *e == epoch)
+                    .map(|(_, r)| *r)
+                    .min();
+                let reason = match departed {
+                    Some(rank) => AbortReason::PeerDeparted {
+                        rank,
+                        code: CloseCode::NORMAL,
+                    },
+                    None => AbortReason::Revoked {
+                        origin: Some(origin),
+                    },
                 };
-                self.shared
-                    .record_error(Error::new(ErrorKind::Revoked, reason.to_string()));
+                let error = match departed {
+                    Some(rank) => Error::new(ErrorKind::PeerDeparted, reason.to_string())
+                        .with_peer(rank)
+                        .with_evidence(Evidence::Departed {
+                            code: CloseCode::NORMAL,
+                        }),
+                    None => Error::new(ErrorKind::Revoked, reason.to_string()),
+                };
+                self.shared.record_error(error);
                 self.abort_epoch(epoch, reason);
             }
             Event::Evicted { epoch, cause } => {
@@ -971,7 +1041,9 @@ impl Driver {
             .filter(|p| p.pid != me && crate::host::is_local(&self.session.host, &p.host))
         {
             let (rank, pid, tx) = (peer.rank, peer.pid, self.me.clone());
-            self.watches.push(tokio::spawn(async move {
+            // On the session's runtime: the first epoch's watches are set up by
+            // `Driver::new`, on the application's thread, which has no runtime.
+            self.watches.push(self.session.handle.spawn(async move {
                 match ProcessWatch::open(pid) {
                     Ok(watch) => {
                         if watch.exited().await.is_err() {
