@@ -443,8 +443,15 @@ impl Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
-        if self.closed {
+        let keep = std::env::var_os("CHORUS_TESTS_KEEP").is_some();
+        if self.closed && !keep {
             let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
+        if keep {
+            eprintln!("chorus-tests: rank logs kept in {}", self.dir.display());
+        }
+        if self.closed {
             return;
         }
         let left = self.clean_up();

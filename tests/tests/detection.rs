@@ -60,6 +60,10 @@ fn sigkill_rank_2(seed: u64, same_host: bool) {
     }
     for (s, want) in [(0, 0), (1, 1), (3, 2)] {
         let shrunk = job.wait_for(s, "shrunk", WAIT);
+        println!(
+            "seed {seed}: slot {s} shrink took {:.1} ms",
+            shrunk.f64("ms").unwrap()
+        );
         assert_eq!(shrunk.u64("world"), Some(3), "seed {seed}: {shrunk}");
         assert_eq!(
             shrunk.u64("rank"),
@@ -165,4 +169,78 @@ fn t2_sigstop_fails_survivors_by_the_deadline_and_the_resumed_rank_is_evicted() 
         finish_and_destroy(&mut job, &survivors, 3);
         assert_eq!(job.close(), vec![], "seed {seed}: processes left behind");
     }
+}
+
+/// Test 3: rank 3 calls `destroy()` between two all-reduces; the others, blocked in the
+/// next one, fail naming its departure within 50 ms, shrink and continue.
+#[test]
+fn t3_destroy_mid_job_is_seen_as_departed_within_50ms() {
+    for seed in [31, 32, 33] {
+        let mut job = Job::start(bin(), spec(4, true));
+        for s in 0..4 {
+            job.wait_for(s, "looping", WAIT);
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..300)));
+        job.send(3, "destroy");
+        let d = job.wait_for(3, "destroyed", WAIT);
+        assert_eq!(d.bool("ok"), Some(true), "{d}");
+        let destroyed = d.u64("t_start").unwrap();
+        let survivors = [0, 1, 2];
+        for s in survivors {
+            let f = job.wait_for(s, "failed", WAIT);
+            let latency = ms_between(destroyed, f.t());
+            println!(
+                "seed {seed}: slot {s} failed {latency:.1} ms after destroy began: {}",
+                f.str("detail").unwrap_or("")
+            );
+            if f.kind() != "peer-departed" || f.peer() != Some(3) || latency > 50.0 {
+                job.fail(&format!(
+                    "seed {seed}: slot {s} should fail with peer-departed naming r3 within 50 ms \
+                     of the destroy; got {f} after {latency:.1} ms"
+                ));
+            }
+        }
+        for s in survivors {
+            let shrunk = job.wait_for(s, "shrunk", WAIT);
+            assert_eq!(
+                (shrunk.u64("world"), shrunk.u64("rank")),
+                (Some(3), Some(s as u64))
+            );
+        }
+        finish_and_destroy(&mut job, &survivors, 3);
+        assert!(job.wait_exit(3, WAIT).success());
+        assert_eq!(job.close(), vec![], "seed {seed}: processes left behind");
+    }
+}
+
+/// Principle 1 ("departure is a message"): a rank that destroys and exits while the others
+/// are idle is recorded by every one of them as departed, not as a failure, although its
+/// process is gone by the time they look (same-host process watching would call it dead).
+#[test]
+fn an_idle_peer_that_destroys_and_exits_is_recorded_as_departed() {
+    let idle = JobSpec::new(4)
+        .env("CHORUS_HEARTBEAT_INTERVAL", INTERVAL)
+        .env("CHORUS_HEARTBEAT_DEADLINE", format!("{DEADLINE_MS}ms"));
+    let mut job = Job::start(bin(), idle);
+    job.send(3, "destroy");
+    job.wait_for(3, "destroyed", WAIT);
+    assert!(job.wait_exit(3, WAIT).success());
+    std::thread::sleep(Duration::from_millis(100));
+    for s in 0..3 {
+        job.send(s, "health");
+        let h = job.wait_for(s, "health", WAIT);
+        let peers = h.0["peers"].as_array().unwrap();
+        let r3 = peers.iter().find(|p| p["rank"] == 3).unwrap();
+        assert_eq!(r3["state"], "Departed", "slot {s}: {h}");
+        assert!(
+            h.str("async_error").is_none(),
+            "slot {s}: a departure is no failure: {h}"
+        );
+    }
+    job.send_all(&[0, 1, 2], "destroy");
+    for s in 0..3 {
+        job.wait_for(s, "destroyed", WAIT);
+    }
+    assert_eq!(job.close(), vec![]);
 }

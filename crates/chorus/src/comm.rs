@@ -54,6 +54,8 @@ struct Inner {
     _root: Option<RootHost>,
     /// One-way: set by `destroy` or `abort`, never cleared (principle 4).
     closed: AtomicBool,
+    /// An abort's departure, still leaving: a later `destroy` lets it finish (bounded).
+    departing: Mutex<Option<oneshot::Receiver<()>>>,
     _signal: Mutex<Option<signal::Registration>>,
 }
 
@@ -243,6 +245,7 @@ impl Comm {
         life: Context,
         root: Option<RootHost>,
     ) -> Comm {
+        session.enter();
         Comm {
             inner: Arc::new(Inner {
                 session,
@@ -252,6 +255,7 @@ impl Comm {
                 children: Mutex::new(Vec::new()),
                 _root: root,
                 closed: AtomicBool::new(false),
+                departing: Mutex::new(None),
                 _signal: Mutex::new(None),
             }),
         }
@@ -785,27 +789,53 @@ impl Comm {
         let budget = self.inner.session.config.teardown_budget;
         let started = Instant::now();
         if self.inner.closed.swap(true, Ordering::AcqRel) {
+            // Aborted before: the links are cancelled and the departures on their way;
+            // what is left is to let them leave the process, with the session.
+            let departing = self.inner.departing.lock().ok().and_then(|mut d| d.take());
+            if let Some(rx) = departing {
+                let deadline = tokio_instant(started + budget / 2);
+                let _ = self
+                    .inner
+                    .session
+                    .run(async move { tokio::time::timeout_at(deadline, rx).await })
+                    .await;
+            }
+            self.shut_session(started, budget);
             return Ok(());
         }
-        let (reply, rx) = oneshot::channel();
-        let requested = self.inner.lineage.handle.request(Request::Depart {
-            code: CloseCode::NORMAL,
-            detail: "destroyed".into(),
-            reply,
-        });
+        let deadline = started + budget;
         let links = self.inner.epoch.hooks.links.clone();
-        let depart = async move {
-            if requested {
-                let _ = rx.await;
-            }
-        };
-        // The wait for the departures is on the control thread's clock, so it is bounded
-        // even on an executor without timers.
-        let _ = self
-            .inner
-            .session
-            .run(async move { tokio::time::timeout(budget, depart).await })
-            .await;
+        // A peer may still be finishing the last operation with this member: it gets
+        // everything this member's operations handed to the links before they close
+        // (at most half the budget: a frozen peer takes nothing).
+        {
+            let links = links.clone();
+            let until = started + budget / 2;
+            let _ = self.inner.session.run(flush(links, until)).await;
+        }
+        // Only the lineage's newest communicator speaks for this member: destroying an
+        // older one (after a shrink or grow) must not take the member out of the new one.
+        let newest = self.inner.lineage.handle.shared.newest_epoch() <= self.inner.epoch.epoch;
+        if newest {
+            let (reply, rx) = oneshot::channel();
+            let requested = self.inner.lineage.handle.request(Request::Depart {
+                code: CloseCode::NORMAL,
+                detail: "destroyed".into(),
+                reply,
+            });
+            let depart = async move {
+                if requested {
+                    let _ = rx.await;
+                }
+            };
+            // The wait for the departures is on the control thread's clock, so it is
+            // bounded even on an executor without timers.
+            let _ = self
+                .inner
+                .session
+                .run(async move { tokio::time::timeout_at(tokio_instant(deadline), depart).await })
+                .await;
+        }
         for link in &links {
             link.cancel(CancelReason::new(
                 CloseCode::NORMAL,
@@ -813,12 +843,34 @@ impl Comm {
             ));
         }
         self.inner.epoch.hooks.ctx.abort(AbortReason::Shutdown);
+        self.shut_session(started, budget);
+        tracing::debug!(ms = millis(started.elapsed()), newest, "destroyed");
+        Ok(())
+    }
+
+    /// Stops the control thread if this was the last communicator on it, within what is
+    /// left of `budget`.
+    fn shut_session(&self, started: Instant, budget: std::time::Duration) {
         let left = budget.saturating_sub(started.elapsed());
-        if Arc::strong_count(&self.inner.session) == 1 {
+        if self.inner.session.live() == 1 {
             self.inner.session.shutdown(left);
         }
-        tracing::debug!(ms = millis(started.elapsed()), "destroyed");
-        Ok(())
+    }
+}
+
+/// Waits until every link has flushed what it accepted, or `until` (polled: this runs
+/// once per destroy, on the control thread).
+async fn flush(links: Vec<DataLink>, until: Instant) {
+    while Instant::now() < until && !links.iter().all(|l| l.is_flushed()) {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let unflushed: Vec<Rank> = links
+        .iter()
+        .filter(|l| !l.is_flushed())
+        .map(|l| l.peer())
+        .collect();
+    if !unflushed.is_empty() {
+        tracing::debug!(?unflushed, "data links not flushed within the budget");
     }
 }
 
@@ -831,12 +883,16 @@ impl Inner {
         for link in &self.epoch.hooks.links {
             link.cancel(CancelReason::new(CloseCode::ABORTED, reason.to_owned()));
         }
-        let (reply, _) = oneshot::channel();
-        let _ = self.lineage.handle.request(Request::Depart {
+        let (reply, rx) = oneshot::channel();
+        if self.lineage.handle.request(Request::Depart {
             code: CloseCode::ABORTED,
             detail: reason.to_owned(),
             reply,
-        });
+        }) && let Ok(mut slot) = self.departing.lock()
+            && slot.is_none()
+        {
+            *slot = Some(rx);
+        }
         let children: Vec<Arc<Inner>> = self
             .children
             .lock()
@@ -859,6 +915,7 @@ impl Drop for Inner {
         self.session
             .registry
             .retire(self.epoch.comm, self.epoch.epoch);
+        self.session.leave();
     }
 }
 
@@ -927,6 +984,7 @@ async fn build_epoch(
         links,
         recorder: recorder.clone(),
     });
+    lineage.handle.shared.built(epoch);
     lineage
         .handle
         .request(Request::Attach(Arc::downgrade(&hooks)));

@@ -26,9 +26,12 @@
 //! - `CT_LOG`: a tracing filter (`chorus=debug`); logs go to stderr.
 //!
 //! Commands: `loop`, `finish`, `destroy`, `abort`, `grow N`, `split-abort MS`,
-//! `split-wait`, `exit`. Unknown commands are reported as `error` events.
+//! `split-wait`, `send PEER N TIMES`, `recv PEER N DELAY_MS TIMES`, `health`,
+//! `exit`. Unknown commands are reported as `error` events.
 
 #![allow(clippy::print_stdout)]
+// `chorus::Error` is large by design (structured fields); the library allows it too.
+#![allow(clippy::result_large_err)]
 
 use std::io::{BufRead, Write};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -197,6 +200,25 @@ impl Rank {
                 self.split(Some(delay));
                 Some(false)
             }
+            "send" => {
+                let peer = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+                let n = words.next().and_then(|w| w.parse().ok()).unwrap_or(1);
+                let times = words.next().and_then(|w| w.parse().ok()).unwrap_or(1);
+                self.send(peer, n, times);
+                Some(false)
+            }
+            "recv" => {
+                let peer = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+                let n = words.next().and_then(|w| w.parse().ok()).unwrap_or(1);
+                let delay = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+                let times = words.next().and_then(|w| w.parse().ok()).unwrap_or(1);
+                self.recv(peer, n, delay, times);
+                Some(false)
+            }
+            "health" => {
+                self.health();
+                Some(false)
+            }
             "split-wait" => {
                 self.split(None);
                 Some(false)
@@ -334,6 +356,57 @@ impl Rank {
                 "ms": ms(started.elapsed())}),
             ),
         }
+    }
+
+    /// Sends `n` patterned elements to `peer`, `times` times; reports when the last send
+    /// returned.
+    fn send(&self, peer: u32, n: usize, times: u32) {
+        for k in 0..times {
+            let buf: Vec<f64> = (0..n).map(|i| ((i + k as usize) % 1000) as f64).collect();
+            if let Err(e) = self.comm().blocking().send(&buf, peer) {
+                report_failure(&e, self.comm());
+                return;
+            }
+        }
+        emit(json!({"ev": "sent", "n": n, "times": times}));
+    }
+
+    /// After `delay_ms`, receives `n` elements from `peer`, `times` times, checking each.
+    fn recv(&self, peer: u32, n: usize, delay_ms: u64, times: u32) {
+        thread::sleep(Duration::from_millis(delay_ms));
+        for k in 0..times {
+            let mut buf = vec![-1.0f64; n];
+            if let Err(e) = self.comm().blocking().recv(&mut buf, peer) {
+                report_failure(&e, self.comm());
+                return;
+            }
+            let intact = buf
+                .iter()
+                .enumerate()
+                .all(|(i, v)| *v == ((i + k as usize) % 1000) as f64);
+            if !intact {
+                emit(json!({"ev": "received", "n": n, "times": k + 1, "intact": false}));
+                return;
+            }
+        }
+        emit(json!({"ev": "received", "n": n, "times": times, "intact": true}));
+    }
+
+    /// Reports this member's ledger and first recorded failure.
+    fn health(&self) {
+        let h = self.comm().health();
+        let peers: Vec<Value> = h
+            .peers
+            .iter()
+            .map(|p| {
+                json!({"rank": p.rank.get(), "state": format!("{:?}", p.state),
+                    "evidence": p.evidence.map(|e| format!("{e:?}"))})
+            })
+            .collect();
+        emit(
+            json!({"ev": "health", "epoch": h.epoch.get(), "world": h.world, "peers": peers,
+            "async_error": h.async_error.map(|e| e.to_string())}),
+        );
     }
 
     fn abort(&mut self) {
@@ -489,13 +562,13 @@ fn fork_holder() {
     // functions (sleep, _exit) before it ends.
     let pid = unsafe { libc::fork() };
     match pid {
-        0 => loop {
-            // SAFETY: async-signal-safe calls only (see above).
+        0 => {
+            // SAFETY: async-signal-safe calls only (see above); `_exit` never returns.
             unsafe {
                 libc::sleep(120);
-                libc::_exit(0);
+                libc::_exit(0)
             }
-        },
+        }
         p if p > 0 => emit(json!({"ev": "forked", "child": p})),
         _ => emit(
             json!({"ev": "error", "what": "fork", "detail": std::io::Error::last_os_error().to_string()}),

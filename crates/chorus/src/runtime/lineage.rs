@@ -123,6 +123,8 @@ pub(crate) struct Shared {
     async_error: OnceLock<Error>,
     /// Peers that left gracefully at each epoch.
     departed: Mutex<HashSet<(Epoch, Rank)>>,
+    /// The newest epoch a communicator of this lineage was built for.
+    newest: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -141,6 +143,17 @@ impl Shared {
 
     pub(crate) fn record_error(&self, error: Error) {
         let _ = self.async_error.set(error);
+    }
+
+    /// The newest epoch a communicator of this lineage was built for.
+    pub(crate) fn newest_epoch(&self) -> Epoch {
+        Epoch(self.newest.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Records that a communicator for `epoch` exists (epochs only grow).
+    pub(crate) fn built(&self, epoch: Epoch) {
+        self.newest
+            .fetch_max(epoch.get(), std::sync::atomic::Ordering::AcqRel);
     }
 
     /// True when `peer` left the epoch gracefully (destroy), so failing on it is expected.
@@ -193,14 +206,21 @@ impl Chan {
         let channel = self.channel.clone();
         let detail = detail.to_owned();
         tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + budget;
             if let Some(writer) = writer {
                 let abort = writer.abort_handle();
-                if tokio::time::timeout(budget, writer).await.is_err() {
+                if tokio::time::timeout_at(until, writer).await.is_err() {
                     abort.abort();
                 }
             }
             // Idempotent when the writer already closed it.
             channel.close(code, &detail);
+            // The close is the departure (principle 1): resolve once it left this process
+            // (the endpoint sends it at its next turn), so a process that exits right
+            // after its teardown does not take it along.
+            while !channel.close_sent() && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
         })
     }
 }
@@ -245,7 +265,21 @@ pub(crate) struct Driver {
     joiners: Vec<(PeerInfo, u64)>,
     wanted_joiners: Option<u32>,
     admitted: bool,
+    /// Leaving: the departure is on its way to the streams that exist, and to those still
+    /// being opened (a member that leaves right after init has some of each).
+    departing: Option<Departing>,
     finished: bool,
+}
+
+/// A departure in progress (see `Request::Depart`).
+struct Departing {
+    code: CloseCode,
+    detail: String,
+    /// Streams closing after their departure frames, resolving once the close left.
+    closing: Vec<JoinHandle<()>>,
+    /// When to stop waiting for streams still being opened.
+    until: Instant,
+    reply: oneshot::Sender<()>,
 }
 
 impl Driver {
@@ -283,6 +317,7 @@ impl Driver {
             joiners: Vec::new(),
             wanted_joiners: None,
             admitted: false,
+            departing: None,
             finished: false,
         };
         driver.watch_processes(welcome.epoch);
@@ -312,6 +347,7 @@ impl Driver {
                 _ = tick.tick() => self.watchdog(),
             }
             self.drain();
+            self.maybe_departed();
         }
         drop(self.close_all(CloseCode::NORMAL, "lineage stopped"));
         for w in self.watches.drain(..) {
@@ -458,25 +494,52 @@ impl Driver {
                         detail: detail.clone(),
                     }
                 };
+                if self.departing.is_some() {
+                    // Already leaving: this caller waits for nothing more.
+                    let _ = reply.send(());
+                    return;
+                }
                 self.input(Input::Command(command));
                 self.drain();
-                // The node queued its departures on the streams; each stream closes once
-                // they are written (QUIC delivers a stream's data before the close that
-                // follows it), bounded by the teardown budget.
+                // The node queued its departures on the streams: each stream closes with
+                // the code once they are written (the close carries the code even where
+                // the frame is cut short), bounded by the teardown budget. Departures for
+                // peers whose streams are still being opened wait for them (same bound):
+                // a member that leaves right after init must still be seen leaving.
                 let closing = self.close_all(code, &detail);
-                self.finished = true;
-                tokio::spawn(async move {
-                    for c in closing {
-                        let _ = c.await;
-                    }
-                    let _ = reply.send(());
+                self.departing = Some(Departing {
+                    code,
+                    detail,
+                    closing,
+                    until: Instant::now() + self.session.config.teardown_budget / 2,
+                    reply,
                 });
+                self.maybe_departed();
             }
             Request::Attach(hooks) => {
                 self.epochs.retain(|w| w.strong_count() > 0);
                 self.epochs.push(hooks);
             }
         }
+    }
+
+    /// Ends a departure once no stream is still being opened (or its time is up): the
+    /// reply goes out when every stream's close has left.
+    fn maybe_departed(&mut self) {
+        let Some(d) = &self.departing else { return };
+        if !self.connecting.is_empty() && Instant::now() < d.until {
+            return;
+        }
+        let Some(d) = self.departing.take() else {
+            return;
+        };
+        self.finished = true;
+        tokio::spawn(async move {
+            for c in d.closing {
+                let _ = c.await;
+            }
+            let _ = d.reply.send(());
+        });
     }
 
     fn agree_deadline(&self) -> Instant {
@@ -574,6 +637,22 @@ impl Driver {
     fn add_channel(&mut self, peer: Rank, epoch: Epoch, role: Role, channel: Arc<ControlChannel>) {
         if self.finished {
             channel.close(CloseCode::NORMAL, "member left");
+            return;
+        }
+        if let Some(d) = &self.departing {
+            // A stream this member opened before it left: carry the departure queued for
+            // it, then close. A stream a peer opens now is closed with the code at once.
+            let (code, detail) = (d.code, d.detail.clone());
+            let queued = if role == Role::Member {
+                self.connecting.remove(&(epoch, peer));
+                self.pending.remove(&(epoch, peer)).unwrap_or_default()
+            } else {
+                VecDeque::new()
+            };
+            let closing = self.departing_close(channel, queued, code, &detail);
+            if let Some(d) = &mut self.departing {
+                d.closing.push(closing);
+            }
             return;
         }
         let id = self.next_chan;
@@ -818,6 +897,34 @@ impl Driver {
                 drop(c.close(code, code.name(), budget));
             }
         }
+    }
+
+    /// Writes `queued` on a fresh stream, then closes it with `code` (bounded like
+    /// `Chan::close`); resolves once the close left.
+    fn departing_close(
+        &self,
+        channel: Arc<ControlChannel>,
+        queued: VecDeque<Message>,
+        code: CloseCode,
+        detail: &str,
+    ) -> JoinHandle<()> {
+        let budget = self.session.config.teardown_budget / 2;
+        let detail = detail.to_owned();
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + budget;
+            let write = async {
+                for m in queued {
+                    if channel.send(m).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout_at(until, write).await;
+            channel.close(code, &detail);
+            while !channel.close_sent() && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
     }
 
     /// Closes every stream after flushing it (bounded); the handles resolve when closed.
