@@ -36,7 +36,9 @@ fn spec(world: u32, same_host: bool) -> JobSpec {
 /// Test 1: SIGKILL rank 2 of 4 at a seeded random point of the all-reduce loop.
 fn sigkill_rank_2(seed: u64, same_host: bool) {
     let bound_ms = if same_host { 100.0 } else { DEADLINE_MS * 1.2 };
-    let mut job = Job::start(bin(), spec(4, same_host));
+    // Odd seeds destroy the old communicator after the shrink instead of dropping it.
+    let old = if seed % 2 == 1 { "destroy" } else { "drop" };
+    let mut job = Job::start(bin(), spec(4, same_host).env("CT_OLD", old));
     for s in 0..4 {
         job.wait_for(s, "looping", WAIT);
     }
@@ -71,6 +73,10 @@ fn sigkill_rank_2(seed: u64, same_host: bool) {
             "seed {seed}: ranks compacted: {shrunk}"
         );
         assert_eq!(shrunk.u64("epoch"), Some(1), "seed {seed}: {shrunk}");
+        if old == "destroy" {
+            let d = job.wait_for(s, "old-destroyed", WAIT);
+            assert_eq!(d.bool("ok"), Some(true), "{d}");
+        }
     }
     finish_and_destroy(&mut job, &survivors, 3);
     assert_eq!(job.close(), vec![], "seed {seed}: processes left behind");
@@ -83,6 +89,7 @@ fn finish_and_destroy(job: &mut Job, slots: &[usize], world: u64) {
         let f = job.wait_for(s, "finished", WAIT);
         assert_eq!(f.u64("world"), Some(world), "{f}");
         assert!(f.u64("iters").unwrap() >= 5, "{f}");
+        assert_eq!(f.bool("peers_alive"), Some(true), "{f}");
     }
     job.send_all(slots, "destroy");
     for &s in slots {

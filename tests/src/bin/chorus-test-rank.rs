@@ -23,6 +23,7 @@
 //! - `CT_MIN_ITERS`: iterations per epoch before a finish is honoured (default 5).
 //! - `CT_SIZES`: element counts the loop cycles through (default `1,1024,65536`).
 //! - `CT_LIFETIME_S`: the process gives up and exits after this long (default 300).
+//! - `CT_OLD=destroy`: after a shrink, destroy the old communicator (default: drop it).
 //! - `CT_LOG`: a tracing filter (`chorus=debug`); logs go to stderr.
 //!
 //! Commands: `loop`, `finish`, `destroy`, `abort`, `grow N`, `split-abort MS`,
@@ -265,9 +266,14 @@ impl Rank {
             match self.iteration(iter, n) {
                 Ok(true) => {
                     let comm = self.comm();
-                    emit(
-                        json!({"ev": "finished", "epoch": comm.epoch().get(), "rank": comm.rank(), "world": comm.size(), "iters": iter + 1}),
-                    );
+                    // Every member of this epoch is alive in this member's ledger.
+                    let alive = comm.health().peers.iter().all(|p| {
+                        p.rank.get() == comm.rank()
+                            || p.state == chorus_protocol::message::PeerState::Alive
+                    });
+                    emit(json!({"ev": "finished", "epoch": comm.epoch().get(),
+                        "rank": comm.rank(), "world": comm.size(), "iters": iter + 1,
+                        "peers_alive": alive}));
                     self.finish = false;
                     return Ended::Finished;
                 }
@@ -328,7 +334,13 @@ impl Rank {
                     "world": next.size(), "epoch": next.epoch().get(), "comm": next.id().get(),
                     "ms": ms(started.elapsed())}),
                 );
-                self.comm = Some(next);
+                let old = self.comm.replace(next);
+                if let (Some(old), Ok("destroy")) = (old, std::env::var("CT_OLD").as_deref()) {
+                    // Destroying the old epoch's communicator must leave the new one be.
+                    let started = Instant::now();
+                    let ok = old.destroy_blocking().is_ok();
+                    emit(json!({"ev": "old-destroyed", "ok": ok, "ms": ms(started.elapsed())}));
+                }
                 true
             }
             Err(e) => {
