@@ -154,9 +154,29 @@ impl Session {
         let identity =
             Identity::generate().map_err(|e| transport_error("cannot make a certificate", e))?;
         let registry = Arc::new(Registry::default());
+        // Each endpoint admits only the roles it serves (SPEC.md 5.2: anything else is a
+        // protocol violation): the QUIC endpoint control streams, and data streams only
+        // when data goes over QUIC; the TCP listener data streams only.
+        let data_over_quic = config.transport == TransportChoice::Quic;
         let admission: chorus_transport::Admission = {
             let registry = registry.clone();
-            Arc::new(move |comm, epoch, role| registry.admit(comm, epoch, role))
+            Arc::new(move |comm, epoch, role| match role {
+                Role::Data if !data_over_quic => Err((
+                    CloseCode::PROTOCOL_VIOLATION,
+                    "data streams go to the data listener".into(),
+                )),
+                role => registry.admit(comm, epoch, role),
+            })
+        };
+        let data_admission: chorus_transport::Admission = {
+            let registry = registry.clone();
+            Arc::new(move |comm, epoch, role| match role {
+                Role::Data => registry.admit(comm, epoch, role),
+                _ => Err((
+                    CloseCode::PROTOCOL_VIOLATION,
+                    "the data listener serves data streams only".into(),
+                )),
+            })
         };
         let tcfg = transport_config(&config);
         let liveness = Liveness {
@@ -181,7 +201,7 @@ impl Session {
                 let tcp = TcpTransport::new(tcfg, secret.clone())
                     .map_err(|e| transport_error("cannot start the TCP transport", e))?;
                 let listener = tcp
-                    .listen(SocketAddr::new(config.bind, 0), admission)
+                    .listen(SocketAddr::new(config.bind, 0), data_admission)
                     .await
                     .map_err(|e| transport_error("cannot listen for data links", e))?;
                 let addr = listener.local_addr();
