@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use chorus::{Config, RootHost, UniqueId};
 
-use crate::clock::mono_ns;
+use crate::clock::{mono_ns, ms_between};
 use crate::event::Event;
 use crate::reap::{self, ProcInfo};
 
@@ -106,6 +106,8 @@ pub struct Job {
     ready: Vec<Event>,
     dir: PathBuf,
     closed: bool,
+    /// When the job started (`mono_ns`), for `CHORUS_TESTS_TRACE`.
+    born: u64,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -147,6 +149,7 @@ impl Job {
             ready: Vec::new(),
             dir,
             closed: false,
+            born: mono_ns(),
             _serial: serial,
         };
         let world = job.spec.world;
@@ -345,24 +348,28 @@ impl Job {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.reports.recv_timeout(left) {
-                Ok((s, event)) => {
-                    let event =
-                        event.unwrap_or_else(|| Event(serde_json::json!({"ev": "end-of-output"})));
-                    self.log.push((s, event.clone()));
-                    self.procs[s].queue.push_back(event);
-                }
+                Ok((s, event)) => self.take_report(s, event),
                 Err(RecvTimeoutError::Timeout) => return Err(format!("nothing in {timeout:?}")),
                 Err(RecvTimeoutError::Disconnected) => return Err("no more reports".into()),
             }
         }
     }
 
+    /// Files a report of slot `s` (`None`: its output ended).
+    fn take_report(&mut self, s: Slot, event: Option<Event>) {
+        let event = event.unwrap_or_else(|| Event(serde_json::json!({"ev": "end-of-output"})));
+        if std::env::var_os("CHORUS_TESTS_TRACE").is_some() {
+            let t = if event.t() == 0 { mono_ns() } else { event.t() };
+            eprintln!("{:>9.1} ms  {s}: {event}", ms_between(self.born, t));
+        }
+        self.log.push((s, event.clone()));
+        self.procs[s].queue.push_back(event);
+    }
+
     /// Reports of `slot` received so far and not consumed, named `ev` (without waiting).
     pub fn pending(&mut self, slot: Slot, ev: &str) -> Vec<Event> {
         while let Ok((s, event)) = self.reports.try_recv() {
-            let event = event.unwrap_or_else(|| Event(serde_json::json!({"ev": "end-of-output"})));
-            self.log.push((s, event.clone()));
-            self.procs[s].queue.push_back(event);
+            self.take_report(s, event);
         }
         self.procs[slot]
             .queue

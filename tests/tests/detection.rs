@@ -192,6 +192,10 @@ fn t3_destroy_mid_job_is_seen_as_departed_within_50ms() {
         job.send(3, "destroy");
         let d = job.wait_for(3, "destroyed", WAIT);
         assert_eq!(d.bool("ok"), Some(true), "{d}");
+        println!(
+            "seed {seed}: destroy mid-job took {:.1} ms",
+            d.f64("ms").unwrap()
+        );
         let destroyed = d.u64("t_start").unwrap();
         let survivors = [0, 1, 2];
         for s in survivors {
@@ -210,6 +214,10 @@ fn t3_destroy_mid_job_is_seen_as_departed_within_50ms() {
         }
         for s in survivors {
             let shrunk = job.wait_for(s, "shrunk", WAIT);
+            println!(
+                "seed {seed}: slot {s} shrink took {:.1} ms",
+                shrunk.f64("ms").unwrap()
+            );
             assert_eq!(
                 (shrunk.u64("world"), shrunk.u64("rank")),
                 (Some(3), Some(s as u64))
@@ -231,7 +239,11 @@ fn an_idle_peer_that_destroys_and_exits_is_recorded_as_departed() {
         .env("CHORUS_HEARTBEAT_DEADLINE", format!("{DEADLINE_MS}ms"));
     let mut job = Job::start(bin(), idle);
     job.send(3, "destroy");
-    job.wait_for(3, "destroyed", WAIT);
+    let d = job.wait_for(3, "destroyed", WAIT);
+    println!(
+        "destroy right after init took {:.1} ms",
+        d.f64("ms").unwrap()
+    );
     assert!(job.wait_exit(3, WAIT).success());
     std::thread::sleep(Duration::from_millis(100));
     for s in 0..3 {

@@ -266,14 +266,24 @@ impl Rank {
             match self.iteration(iter, n) {
                 Ok(true) => {
                     let comm = self.comm();
-                    // Every member of this epoch is alive in this member's ledger.
+                    // No member of this epoch is absent in this member's ledger (a member it
+                    // does not watch may still read `Joining`: never heard from directly).
                     let alive = comm.health().peers.iter().all(|p| {
-                        p.rank.get() == comm.rank()
-                            || p.state == chorus_protocol::message::PeerState::Alive
+                        !matches!(
+                            p.state,
+                            chorus_protocol::message::PeerState::Dead
+                                | chorus_protocol::message::PeerState::Departed
+                        )
                     });
+                    let states: Vec<String> = comm
+                        .health()
+                        .peers
+                        .iter()
+                        .map(|p| format!("{:?}", p.state))
+                        .collect();
                     emit(json!({"ev": "finished", "epoch": comm.epoch().get(),
                         "rank": comm.rank(), "world": comm.size(), "iters": iter + 1,
-                        "peers_alive": alive}));
+                        "peers_alive": alive, "states": states}));
                     self.finish = false;
                     return Ended::Finished;
                 }
@@ -571,12 +581,15 @@ fn spawn_stdin_reader() -> Receiver<String> {
 /// Seed 000: a child that sleeps holding a copy of every descriptor this process has.
 fn fork_holder() {
     // SAFETY: fork in a multi-threaded process; the child only calls async-signal-safe
-    // functions (sleep, _exit) before it ends.
+    // functions (prctl, sleep, _exit) before it ends.
     let pid = unsafe { libc::fork() };
     match pid {
         0 => {
-            // SAFETY: async-signal-safe calls only (see above); `_exit` never returns.
+            // SAFETY: async-signal-safe calls only (see above); `_exit` never returns. The
+            // holder dies with its rank (like a DataLoader worker watching its parent), so
+            // a rank killed with its harness leaves nothing behind.
             unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
                 libc::sleep(120);
                 libc::_exit(0)
             }

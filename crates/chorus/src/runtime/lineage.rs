@@ -16,7 +16,7 @@ use chorus_control::{Agreed, Command, Event, Input, Node, Witness};
 use chorus_engine::LinkError;
 use chorus_engine::context::AbortReason;
 use chorus_protocol::message::{
-    Evidence, Message, PeerInfo, PeerStatus, Role, StatusReply, Verdict, Welcome,
+    Evidence, Message, PeerInfo, PeerState, PeerStatus, Role, StatusReply, Verdict, Welcome,
 };
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 use chorus_transport::{ControlChannel, Fingerprint};
@@ -279,6 +279,11 @@ struct Departing {
     closing: Vec<JoinHandle<()>>,
     /// When to stop waiting for streams still being opened.
     until: Instant,
+    /// Peers known absent when the departure began: nobody waits to tell them.
+    absent: HashSet<(Epoch, Rank)>,
+    /// The departure went out on at least one stream: the members that got it spread it
+    /// (a notice), so streams still being opened are not waited for any more.
+    delivered: bool,
     reply: oneshot::Sender<()>,
 }
 
@@ -507,11 +512,22 @@ impl Driver {
                 // peers whose streams are still being opened wait for them (same bound):
                 // a member that leaves right after init must still be seen leaving.
                 let closing = self.close_all(code, &detail);
+                let delivered = !closing.is_empty();
+                let epoch = self.node.epoch();
+                let absent = self
+                    .node
+                    .peers(self.session.clock.now())
+                    .into_iter()
+                    .filter(|p| matches!(p.state, PeerState::Dead | PeerState::Departed))
+                    .map(|p| (epoch, p.rank))
+                    .collect();
                 self.departing = Some(Departing {
                     code,
                     detail,
                     closing,
                     until: Instant::now() + self.session.config.teardown_budget / 2,
+                    absent,
+                    delivered,
                     reply,
                 });
                 self.maybe_departed();
@@ -527,7 +543,8 @@ impl Driver {
     /// reply goes out when every stream's close has left.
     fn maybe_departed(&mut self) {
         let Some(d) = &self.departing else { return };
-        if !self.connecting.is_empty() && Instant::now() < d.until {
+        let waiting = !d.delivered && self.connecting.iter().any(|k| !d.absent.contains(k));
+        if waiting && Instant::now() < d.until {
             return;
         }
         let Some(d) = self.departing.take() else {
@@ -652,6 +669,7 @@ impl Driver {
             let closing = self.departing_close(channel, queued, code, &detail);
             if let Some(d) = &mut self.departing {
                 d.closing.push(closing);
+                d.delivered |= role == Role::Member;
             }
             return;
         }
