@@ -58,6 +58,14 @@ pub trait Link<P = Bytes>: Send + Sync {
     fn is_flushed(&self) -> bool {
         true
     }
+
+    /// The error every later operation will fail with, if the link has failed (cancelled,
+    /// the peer departed, the connection lost): how the peer ended, for a runtime that
+    /// must tell a departure from a crash while no operation is running. Links that
+    /// cannot tell say `None`.
+    fn failure(&self) -> Option<LinkError> {
+        None
+    }
 }
 
 /// Identifies one payload of one operation. Every rank derives the same tags from the same

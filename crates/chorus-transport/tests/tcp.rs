@@ -197,6 +197,8 @@ mod suite {
                 detail: "test abort".into()
             })
         );
+        // The port says how the peer ended, with no operation asking.
+        assert_eq!(Link::<Bytes>::failure(&b), seen.err());
     }
 
     /// `is_flushed` is false while accepted data waits in this process or on the wire for a

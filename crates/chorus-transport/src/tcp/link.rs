@@ -161,6 +161,10 @@ impl Link<Bytes> for TcpLink {
         self.leave(reason);
     }
 
+    fn failure(&self) -> Option<LinkError> {
+        self.matcher.terminal()
+    }
+
     fn is_flushed(&self) -> bool {
         if self.matcher.terminal().is_some() {
             return true;
