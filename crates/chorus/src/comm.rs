@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Config;
 use crate::element::{Element, bytes, bytes_mut};
-use crate::error::{Error, ErrorKind, Result, from_op};
+use crate::error::{Error, ErrorKind, Result, from_abort, from_op};
 use crate::launch::{self, RootSpec};
 use crate::recorder::Recorder;
 use crate::runtime::lineage::{self, Driver, EpochHooks, LineageMsg, NextEpoch, Request, Shared};
@@ -543,7 +543,20 @@ impl Comm {
             }
             _ => {}
         }
-        let err = self.stamp(from_op(e));
+        let mut err = from_op(e);
+        // This member cancels a link only after recording why on the epoch's context (a
+        // peer declared dead, an abort, destroy); an operation that happened to wake on the
+        // cancelled link first reports that reason, not the cancel's code.
+        if let OpErrorKind::Link(LinkError::Cancelled(_)) = &root.kind
+            && let Some(reason) = self.inner.epoch.hooks.ctx.reason()
+        {
+            let why = from_abort(&reason);
+            err.kind = why.kind;
+            err.detail = why.detail;
+            err.peer = why.peer.or(err.peer);
+            err.evidence = why.evidence;
+        }
+        let err = self.stamp(err);
         if !matches!(err.kind, ErrorKind::InvalidArgument) {
             self.inner.lineage.handle.shared.record_error(err.clone());
         }
@@ -813,6 +826,15 @@ impl Comm {
             let until = started + budget / 2;
             let _ = self.inner.session.run(flush(links, until)).await;
         }
+        // The data links depart first: a peer blocked on this member's data fails at once
+        // on its link (which delivers the departure after the data), and a peer that sees
+        // this process exit can read from its link that it left rather than died.
+        for link in &links {
+            link.cancel(CancelReason::new(
+                CloseCode::NORMAL,
+                "communicator destroyed",
+            ));
+        }
         // Only the lineage's newest communicator speaks for this member: destroying an
         // older one (after a shrink or grow) must not take the member out of the new one.
         let newest = self.inner.lineage.handle.shared.newest_epoch() <= self.inner.epoch.epoch;
@@ -835,12 +857,6 @@ impl Comm {
                 .session
                 .run(async move { tokio::time::timeout_at(tokio_instant(deadline), depart).await })
                 .await;
-        }
-        for link in &links {
-            link.cancel(CancelReason::new(
-                CloseCode::NORMAL,
-                "communicator destroyed",
-            ));
         }
         self.inner.epoch.hooks.ctx.abort(AbortReason::Shutdown);
         self.shut_session(started, budget);

@@ -68,9 +68,18 @@ fn main() {
         stop.extend(d);
         shrink4.extend(s);
     }
-    rows.push(("detection: SIGKILL, same-host evidence (ms)".into(), kill_same));
-    rows.push(("detection: SIGKILL, same-host evidence off (ms)".into(), kill_remote));
-    rows.push((format!("detection: SIGSTOP, deadline {} (ms)", opts.deadline), stop));
+    rows.push((
+        "detection: SIGKILL, same-host evidence (ms)".into(),
+        kill_same,
+    ));
+    rows.push((
+        "detection: SIGKILL, same-host evidence off (ms)".into(),
+        kill_remote,
+    ));
+    rows.push((
+        format!("detection: SIGSTOP, deadline {} (ms)", opts.deadline),
+        stop,
+    ));
 
     let mut release = Vec::new();
     for i in 0..r {
@@ -105,7 +114,10 @@ fn main() {
     rows.push(("init, 8 ranks: each rank's call (ms)".into(), init8));
     rows.push(("init, 8 ranks: first start to all ready (ms)".into(), job8));
     rows.push(("init, 32 ranks: each rank's call (ms)".into(), init32));
-    rows.push(("init, 32 ranks: first start to all ready (ms)".into(), job32));
+    rows.push((
+        "init, 32 ranks: first start to all ready (ms)".into(),
+        job32,
+    ));
 
     println!(
         "heartbeat {} / deadline {}, loopback, {} repeats, {:.0} s\n",
@@ -143,7 +155,10 @@ fn fault_run(
     seed: u64,
 ) -> (Vec<f64>, Vec<f64>) {
     let spec = spec(opts, world)
-        .env("CHORUS_SAME_HOST_EVIDENCE", if same_host { "1" } else { "0" })
+        .env(
+            "CHORUS_SAME_HOST_EVIDENCE",
+            if same_host { "1" } else { "0" },
+        )
         .env("CT_START", "loop")
         .env("CT_ON_FAIL", "shrink");
     let mut job = Job::start(&opts.bin, spec);
@@ -210,10 +225,7 @@ fn init_run(opts: &Opts, world: u32) -> (Vec<f64>, f64) {
     let each: Vec<f64> = (0..world as usize)
         .map(|s| job.ready(s).f64("ms").unwrap())
         .collect();
-    let last = (0..world as usize)
-        .map(|s| job.ready(s).t())
-        .max()
-        .unwrap();
+    let last = (0..world as usize).map(|s| job.ready(s).t()).max().unwrap();
     let all = ms_between(t0, last);
     let left = job.close();
     assert!(left.is_empty(), "processes left behind: {left:?}");

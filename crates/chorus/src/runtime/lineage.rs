@@ -36,6 +36,11 @@ pub(crate) const STATUS_UNKNOWN: i32 = i32::MIN;
 /// How often the driver checks running operations against their deadline.
 const WATCHDOG_TICK: Duration = Duration::from_millis(100);
 
+/// How long a same-host peer's exit waits for its data link to say whether it departed
+/// first (see `Driver::on_exited`); a crash settles the link sooner (the kernel closes a
+/// dead process's sockets), so this bounds only the case of no link news at all.
+const EXIT_GRACE: Duration = Duration::from_millis(20);
+
 /// Messages to a lineage's driver.
 pub(crate) enum LineageMsg {
     /// A control stream, accepted by the endpoint or opened by this driver.
@@ -59,6 +64,13 @@ pub(crate) enum LineageMsg {
     ConnectFailed { peer: Rank, epoch: Epoch },
     /// A peer's process on this host exited.
     Exited { peer: Rank, epoch: Epoch },
+    /// How that exit ended the peer: `Some(code)` if its data link carried its departure
+    /// first, `None` if it died (see `on_exited`).
+    ExitedAs {
+        peer: Rank,
+        epoch: Epoch,
+        end: Option<CloseCode>,
+    },
     /// An operation saw its data link to `peer` lost without a departure.
     DataLost { peer: Rank, epoch: Epoch },
     /// An operation saw `peer` depart on its data link with `code` (after everything `peer`
@@ -387,12 +399,16 @@ impl Driver {
                 self.connecting.remove(&(epoch, peer));
                 self.pending.remove(&(epoch, peer));
             }
-            LineageMsg::Exited { peer, epoch } => self.input(Input::PeerExited {
-                peer,
-                epoch,
-                status: STATUS_UNKNOWN,
-                witness: Witness::Pidfd,
-            }),
+            LineageMsg::Exited { peer, epoch } => self.on_exited(peer, epoch),
+            LineageMsg::ExitedAs { peer, epoch, end } => match end {
+                Some(code) => self.input(Input::ConnectionClosed { peer, epoch, code }),
+                None => self.input(Input::PeerExited {
+                    peer,
+                    epoch,
+                    status: STATUS_UNKNOWN,
+                    witness: Witness::Pidfd,
+                }),
+            },
             LineageMsg::DataLost { peer, epoch } => {
                 if !self.shared.departed(epoch, peer) {
                     self.input(Input::ConnectionLost {
@@ -407,6 +423,35 @@ impl Driver {
             }
             LineageMsg::Request(r) => self.on_request(r),
         }
+    }
+
+    /// A same-host peer's process exited. A member that left sent its departure on its
+    /// data links before it exited, but the control stream's may still be in flight (or
+    /// only relayed), so its link says how it ended: a departure, or a crash (the kernel
+    /// closed the sockets without one). The link settles within the time the receiving
+    /// thread takes to read what already arrived; past `EXIT_GRACE` the exit is a death.
+    fn on_exited(&mut self, peer: Rank, epoch: Epoch) {
+        let link = self
+            .live_epochs()
+            .into_iter()
+            .filter(|h| h.epoch == epoch)
+            .find_map(|h| h.links.iter().find(|l| l.peer() == peer).cloned());
+        let tx = self.me.clone();
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + EXIT_GRACE;
+            let end = loop {
+                let seen = link.as_ref().and_then(|l| l.failure());
+                match seen {
+                    Some(LinkError::PeerDeparted { code, .. }) => break Some(code),
+                    Some(_) => break None,
+                    None if link.is_none() || tokio::time::Instant::now() >= until => {
+                        break None;
+                    }
+                    None => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            };
+            let _ = tx.send(LineageMsg::ExitedAs { peer, epoch, end });
+        });
     }
 
     /// A data link's departure is conclusive evidence, like a control stream's: the node
