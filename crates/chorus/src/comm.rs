@@ -556,11 +556,42 @@ impl Comm {
             err.peer = why.peer.or(err.peer);
             err.evidence = why.evidence;
         }
+        // A revoke that overtook a departure's own news (it is what revokes an epoch under
+        // running operations, see `lineage::Driver::on_data_departed`) names the departure
+        // once this member's link to the leaver carries it.
+        if err.kind == ErrorKind::Revoked
+            && let Some(peer) = self.departed_on_links(err.waiting_on)
+        {
+            err.kind = ErrorKind::PeerDeparted;
+            err.detail = format!("peer {peer} left the communicator ({})", err.detail);
+            err.peer = Some(peer);
+            err.evidence = Some(chorus_protocol::message::Evidence::Departed {
+                code: CloseCode::NORMAL,
+            });
+        }
         let err = self.stamp(err);
         if !matches!(err.kind, ErrorKind::InvalidArgument) {
             self.inner.lineage.handle.shared.record_error(err.clone());
         }
         err
+    }
+
+    /// A member whose data link at this epoch carries a graceful departure: `first` if it
+    /// does, else the lowest such rank.
+    fn departed_on_links(&self, first: Option<Rank>) -> Option<Rank> {
+        let departed = |l: &DataLink| {
+            matches!(
+                l.failure(),
+                Some(LinkError::PeerDeparted {
+                    code: CloseCode::NORMAL | CloseCode::LEFT,
+                    ..
+                })
+            )
+        };
+        let links = &self.inner.epoch.hooks.links;
+        first
+            .filter(|p| links.iter().any(|l| l.peer() == *p && departed(l)))
+            .or_else(|| links.iter().filter(|l| departed(l)).map(|l| l.peer()).min())
     }
 
     // -----------------------------------------------------------------------------------
@@ -975,14 +1006,33 @@ async fn build_epoch(
     deadline: Instant,
 ) -> Result<Arc<EpochState>> {
     let world = members.len() as u32;
-    let links: Vec<DataLink> = {
-        let (s, m) = (session.clone(), members.clone());
-        session
-            .run(links::mesh(s, comm, epoch, rank, m, deadline))
-            .await??
-    };
     let ctx = life.child();
     let recorder = Arc::new(Recorder::new(session.config.recorder_ops));
+    // Attached before the links are built: a member declared absent at this epoch (now or
+    // while they are built) aborts the build at once, naming it, instead of leaving it to
+    // wait for that member's links until the deadline.
+    let building = Arc::new(EpochHooks {
+        epoch,
+        ctx: ctx.clone(),
+        links: Vec::new(),
+        recorder: recorder.clone(),
+        building: true,
+    });
+    lineage
+        .handle
+        .request(Request::Attach(Arc::downgrade(&building)));
+    let links: Vec<DataLink> = {
+        let (s, m, aborted) = (session.clone(), members.clone(), ctx.aborted());
+        session
+            .run(async move {
+                tokio::select! {
+                    built = links::mesh(s, comm, epoch, rank, m, deadline) => built,
+                    reason = aborted => Err(from_abort(&reason)),
+                }
+            })
+            .await??
+    };
+    drop(building);
     let engine_config = engine_config(&session.config)?;
     let engine = Engine::new(
         rank,
@@ -999,6 +1049,7 @@ async fn build_epoch(
         ctx,
         links,
         recorder: recorder.clone(),
+        building: false,
     });
     lineage.handle.shared.built(epoch);
     lineage

@@ -333,8 +333,20 @@ impl Rank {
         Ok(buf[n] > 0.0 && iter + 1 >= self.min_iters)
     }
 
-    /// Shrinks to the survivors; false if that failed (reported).
+    /// Shrinks to the survivors, again while a shrink fails because yet another member
+    /// failed meanwhile (at most three tries); false if that failed (reported).
     fn shrink(&mut self) -> bool {
+        for attempt in 1..=3 {
+            match self.shrink_once() {
+                Ok(()) => return true,
+                Err(e) if attempt < 3 && e.is_recoverable_by_shrink() => continue,
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    fn shrink_once(&mut self) -> Result<(), Error> {
         let started = Instant::now();
         let old_rank = self.comm().rank();
         match self.comm().blocking().shrink() {
@@ -351,14 +363,14 @@ impl Rank {
                     let ok = old.destroy_blocking().is_ok();
                     emit(json!({"ev": "old-destroyed", "ok": ok, "ms": ms(started.elapsed())}));
                 }
-                true
+                Ok(())
             }
             Err(e) => {
                 emit(
                     json!({"ev": "shrink-failed", "kind": kind(&e), "detail": e.to_string(),
                     "ms": ms(started.elapsed())}),
                 );
-                false
+                Err(e)
             }
         }
     }

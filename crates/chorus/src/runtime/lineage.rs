@@ -125,6 +125,9 @@ pub(crate) struct EpochHooks {
     pub(crate) ctx: chorus_engine::Context,
     pub(crate) links: Vec<super::registry::DataLink>,
     pub(crate) recorder: Arc<Recorder>,
+    /// The epoch's links are still being built: any member leaving (even gracefully)
+    /// makes the build impossible, so it aborts.
+    pub(crate) building: bool,
 }
 
 /// What the application reads without asking the driver.
@@ -454,14 +457,19 @@ impl Driver {
         });
     }
 
-    /// A data link's departure is conclusive evidence, like a control stream's: the node
-    /// learns the peer left (or, with `evicted`, that the peer removed this member). A
-    /// graceful leave under a running operation also strands the members waiting on this
-    /// one, so the epoch is revoked: every member's operations end at once, naming the
-    /// departure (see `on_event`), instead of at their operation deadline.
+    /// An operation failed on a data link's departure. `evicted` is conclusive (the peer
+    /// removed this member) and `aborted` too (the peer aborted its communicator): the
+    /// node learns it like a control stream's close. `normal` and `left` only say the peer
+    /// is done with this epoch's streams — it left the communicator, or abandoned an epoch
+    /// whose links could not be built and is about to agree on the next one (SPEC.md 11.2
+    /// closes old streams with `normal`) — so the control plane is not told the peer is
+    /// gone; but the members waiting on this one are stranded all the same, so the epoch
+    /// is revoked: every member's operations end at once, naming the departure (see
+    /// `on_event`), instead of at their operation deadline.
     fn on_data_departed(&mut self, peer: Rank, epoch: Epoch, code: CloseCode) {
-        self.input(Input::ConnectionClosed { peer, epoch, code });
-        if matches!(code, CloseCode::NORMAL | CloseCode::LEFT) && epoch == self.node.epoch() {
+        if !matches!(code, CloseCode::NORMAL | CloseCode::LEFT) {
+            self.input(Input::ConnectionClosed { peer, epoch, code });
+        } else if epoch == self.node.epoch() {
             Shared::lock(&self.shared.departed).insert((epoch, peer));
             self.input(Input::Command(Command::Revoke));
         }
@@ -490,9 +498,17 @@ impl Driver {
         };
         match request {
             Request::Shrink { after, reply } => {
+                // The agreement past `after` is the answer, unless its epoch (the current
+                // one) lost a member since: then the survivors agree again, past it.
+                let mut after = after;
                 if let Some(next) = self.agreed.as_ref().filter(|n| n.agreed.previous >= after) {
-                    let _ = reply.send(Ok(next.clone()));
-                    return;
+                    let broken =
+                        next.agreed.epoch() == self.node.epoch() && self.absence(true).is_some();
+                    if !broken {
+                        let _ = reply.send(Ok(next.clone()));
+                        return;
+                    }
+                    after = self.node.epoch();
                 }
                 self.waiters.push(Waiter {
                     after,
@@ -579,6 +595,14 @@ impl Driver {
             }
             Request::Attach(hooks) => {
                 self.epochs.retain(|w| w.strong_count() > 0);
+                // An epoch that already lost a member is born aborted, like the operations
+                // of an aborted context.
+                if let Some(h) = hooks.upgrade()
+                    && h.epoch == self.node.epoch()
+                    && let Some(reason) = self.absence(h.building)
+                {
+                    h.ctx.abort(reason);
+                }
                 self.epochs.push(hooks);
             }
         }
@@ -588,7 +612,13 @@ impl Driver {
     /// reply goes out when every stream's close has left.
     fn maybe_departed(&mut self) {
         let Some(d) = &self.departing else { return };
-        let waiting = !d.delivered && self.connecting.iter().any(|k| !d.absent.contains(k));
+        // Only this epoch's members need the departure (older epochs' streams are moot).
+        let epoch = self.node.epoch();
+        let waiting = !d.delivered
+            && self
+                .connecting
+                .iter()
+                .any(|k| k.0 == epoch && !d.absent.contains(k));
         if waiting && Instant::now() < d.until {
             return;
         }
@@ -602,6 +632,26 @@ impl Driver {
             }
             let _ = d.reply.send(());
         });
+    }
+
+    /// Why the current epoch cannot run operations (a member declared dead, or one that
+    /// left with a failure code; with `any_leave`, also one that left gracefully), if so.
+    fn absence(&self, any_leave: bool) -> Option<AbortReason> {
+        self.node
+            .peers(self.session.clock.now())
+            .into_iter()
+            .find_map(|p| match (p.state, p.evidence) {
+                (PeerState::Dead, Some(evidence)) => Some(AbortReason::PeerFailed {
+                    rank: p.rank,
+                    evidence,
+                }),
+                (PeerState::Departed, Some(Evidence::Departed { code }))
+                    if any_leave || !matches!(code, CloseCode::NORMAL | CloseCode::LEFT) =>
+                {
+                    Some(AbortReason::PeerDeparted { rank: p.rank, code })
+                }
+                _ => None,
+            })
     }
 
     fn agree_deadline(&self) -> Instant {
@@ -1036,7 +1086,13 @@ impl Driver {
                     // A graceful leave: operations already in flight finish or fail on the
                     // link itself (its departure arrives after its data, in order), so they
                     // are not cut short here; later operations fail on the departed link.
+                    // Links still being built to it never will be.
                     Shared::lock(&self.shared.departed).insert((epoch, rank));
+                    for hooks in self.live_epochs() {
+                        if hooks.epoch == epoch && hooks.building {
+                            hooks.ctx.abort(AbortReason::PeerDeparted { rank, code });
+                        }
+                    }
                 } else {
                     let reason = AbortReason::PeerDeparted { rank, code };
                     self.shared.record_error(
@@ -1048,11 +1104,35 @@ impl Driver {
             Event::Revoked { epoch, origin } => {
                 // A revoke that follows a graceful leave under running operations (see
                 // `on_data_departed`) names the departure: that is what happened.
+                // Known from the control plane, or from this member's own link to the one
+                // that left (its departure reaches every peer's link directly; the revoke
+                // may overtake the control plane's word of it).
+                let on_links = self
+                    .live_epochs()
+                    .into_iter()
+                    .filter(|h| h.epoch == epoch)
+                    .flat_map(|h| {
+                        h.links
+                            .iter()
+                            .filter(|l| {
+                                matches!(
+                                    l.failure(),
+                                    Some(LinkError::PeerDeparted {
+                                        code: CloseCode::NORMAL | CloseCode::LEFT,
+                                        ..
+                                    })
+                                )
+                            })
+                            .map(|l| l.peer())
+                            .collect::<Vec<_>>()
+                    })
+                    .min();
                 let departed = Shared::lock(&self.shared.departed)
                     .iter()
                     .filter(|(e, _)| *e == epoch)
                     .map(|(_, r)| *r)
-                    .min();
+                    .min()
+                    .or(on_links);
                 let reason = match departed {
                     Some(rank) => AbortReason::PeerDeparted {
                         rank,
