@@ -196,10 +196,7 @@ impl Comm {
         let deadline = started + config.init_timeout;
         let rank = Rank(rank);
         let session = Session::start(config.clone(), id.secret.clone()).await?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        // Serve the communicator before anyone can know it: peers that get the peer table
-        // first connect at once, and must be admitted.
-        session.registry.serve(id.comm, Epoch(0), rank, tx.clone());
+        let inbox = Inbox::serve(&session, id.comm, Epoch(0), rank);
         let welcome = {
             let (session, id) = (session.clone(), id.clone());
             session
@@ -207,31 +204,9 @@ impl Comm {
                 .run(bootstrap(session, id, rank, world, deadline))
                 .await??
         };
-        let shared = Arc::new(Shared::default());
-        let driver = Driver::new(
-            session.clone(),
-            &welcome,
-            rank,
-            rx,
-            tx.clone(),
-            shared.clone(),
-        )?;
-        session.handle.spawn(driver.run());
-        let lineage = Arc::new(LineageHandle {
-            handle: lineage::Handle { tx, shared },
-        });
         let life = Context::root();
-        let epoch = build_epoch(
-            &session,
-            &lineage,
-            &life,
-            welcome.comm,
-            welcome.epoch,
-            rank,
-            welcome.members,
-            deadline,
-        )
-        .await?;
+        let (lineage, epoch) =
+            start_lineage(&session, welcome, rank, inbox, &life, deadline).await?;
         tracing::info!(comm = %epoch.comm, rank = %rank, world, ms = millis(started.elapsed()), "communicator ready");
         let comm = Comm::from_parts(session, lineage, epoch, life, root);
         comm.install_signal_departure();
@@ -715,35 +690,9 @@ impl Comm {
                     "the welcome does not list this process",
                 )
             })?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        session
-            .registry
-            .serve(welcome.comm, welcome.epoch, me, tx.clone());
-        let shared = Arc::new(Shared::default());
-        let driver = Driver::new(
-            session.clone(),
-            &welcome,
-            me,
-            rx,
-            tx.clone(),
-            shared.clone(),
-        )?;
-        session.handle.spawn(driver.run());
-        let lineage = Arc::new(LineageHandle {
-            handle: lineage::Handle { tx, shared },
-        });
+        let inbox = Inbox::serve(&session, welcome.comm, welcome.epoch, me);
         let life = Context::root();
-        let epoch = build_epoch(
-            &session,
-            &lineage,
-            &life,
-            welcome.comm,
-            welcome.epoch,
-            me,
-            welcome.members,
-            deadline,
-        )
-        .await?;
+        let (lineage, epoch) = start_lineage(&session, welcome, me, inbox, &life, deadline).await?;
         tracing::info!(rank = %me, ms = millis(started.elapsed()), "joined");
         let comm = Comm::from_parts(session, lineage, epoch, life, None);
         comm.install_signal_departure();
@@ -786,34 +735,10 @@ impl Comm {
             members,
         };
         let session = self.inner.session.clone();
-        let (tx, rx) = mpsc::unbounded_channel();
-        session.registry.serve(comm, Epoch(0), me, tx.clone());
-        let shared = Arc::new(Shared::default());
-        let driver = Driver::new(
-            session.clone(),
-            &welcome,
-            me,
-            rx,
-            tx.clone(),
-            shared.clone(),
-        )?;
-        session.handle.spawn(driver.run());
-        let lineage = Arc::new(LineageHandle {
-            handle: lineage::Handle { tx, shared },
-        });
+        let inbox = Inbox::serve(&session, comm, Epoch(0), me);
         let life = self.inner.life.child();
         let deadline = Instant::now() + session.config.init_timeout;
-        let epoch = build_epoch(
-            &session,
-            &lineage,
-            &life,
-            comm,
-            Epoch(0),
-            me,
-            welcome.members,
-            deadline,
-        )
-        .await?;
+        let (lineage, epoch) = start_lineage(&session, welcome, me, inbox, &life, deadline).await?;
         let child = Comm::from_parts(session, lineage, epoch, life, None);
         if let Ok(mut children) = self.inner.children.lock() {
             children.retain(|w| w.strong_count() > 0);
@@ -990,6 +915,60 @@ impl signal::Departer for SignalDeparter {
             link.cancel(CancelReason::new(CloseCode::LEFT, reason.to_owned()));
         }
     }
+}
+
+/// A lineage driver's inbox, registered with the session's registry before anyone can know
+/// the communicator: peers that get the peer table first connect at once, and must be
+/// admitted and routed to it.
+struct Inbox {
+    tx: mpsc::UnboundedSender<LineageMsg>,
+    rx: mpsc::UnboundedReceiver<LineageMsg>,
+}
+
+impl Inbox {
+    fn serve(session: &Session, comm: CommId, epoch: Epoch, me: Rank) -> Inbox {
+        let (tx, rx) = mpsc::unbounded_channel();
+        session.registry.serve(comm, epoch, me, tx.clone());
+        Inbox { tx, rx }
+    }
+}
+
+/// Starts the control driver of `welcome`'s communicator as `me` and builds its first
+/// epoch's data plane under `life`.
+async fn start_lineage(
+    session: &Arc<Session>,
+    welcome: Welcome,
+    me: Rank,
+    inbox: Inbox,
+    life: &Context,
+    deadline: Instant,
+) -> Result<(Arc<LineageHandle>, Arc<EpochState>)> {
+    let Inbox { tx, rx } = inbox;
+    let shared = Arc::new(Shared::default());
+    let driver = Driver::new(
+        session.clone(),
+        &welcome,
+        me,
+        rx,
+        tx.clone(),
+        shared.clone(),
+    )?;
+    session.handle.spawn(driver.run());
+    let lineage = Arc::new(LineageHandle {
+        handle: lineage::Handle { tx, shared },
+    });
+    let epoch = build_epoch(
+        session,
+        &lineage,
+        life,
+        welcome.comm,
+        welcome.epoch,
+        me,
+        welcome.members,
+        deadline,
+    )
+    .await?;
+    Ok((lineage, epoch))
 }
 
 /// Builds an epoch's data plane: links to every member, the engine, the hooks the driver
