@@ -1,2 +1,28 @@
 //! chorus-tests (floor 5): multi-process and fault-injection tests of the real binaries on
 //! loopback. Nothing imports it.
+//!
+//! - [`job`]: starts a job of `chorus-test-rank` processes around a bootstrap root hosted in
+//!   the calling process, reads their JSON-line reports with deadlines, injects faults
+//!   (signals), and always reaps every process it started, forked grandchildren included.
+//! - [`reap`]: the process-group bookkeeping behind that promise (test 9).
+//! - [`probe`]: clients that send bad input to a job's listening ports.
+//! - [`clock`]: the host-wide monotonic clock the ranks report in.
+//! - [`stats`]: percentiles for the figures.
+
+pub mod clock;
+pub mod event;
+pub mod job;
+pub mod probe;
+pub mod reap;
+pub mod stats;
+
+pub use event::Event;
+pub use job::{Job, JobSpec, Slot};
+
+/// How much a sub-second latency bound may stretch on a loaded 2-core CI machine before a
+/// test calls it a failure. The bounds themselves are the features' (100 ms same-host
+/// detection, 50 ms departure, ...); typical measurements are a tenth of them (see
+/// `tests/README.md`), and a scheduler that keeps a process off both cores for a few tens of
+/// milliseconds is not a chorus bug. Bounds of seconds (heartbeat deadline + 20 %) need no
+/// stretch: their own margin dwarfs such delays.
+pub const LOAD_MARGIN: f64 = 2.0;

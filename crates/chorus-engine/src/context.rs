@@ -98,10 +98,10 @@ impl fmt::Display for AbortReason {
                         deadline_ms,
                     } => write!(f, "silent for {silent_ms} ms (deadline {deadline_ms} ms)"),
                     Evidence::ProcessExited { status } => {
-                        write!(f, "process exited (status {status})")
+                        write!(f, "process exited ({})", ExitStatus(*status))
                     }
                     Evidence::LauncherWitness { status } => {
-                        write!(f, "launcher saw exit (status {status})")
+                        write!(f, "launcher saw exit ({})", ExitStatus(*status))
                     }
                 }
             }
@@ -116,6 +116,20 @@ impl fmt::Display for AbortReason {
             AbortReason::OpFailed { op, collective } => {
                 write!(f, "{collective} {op} failed on this communicator")
             }
+        }
+    }
+}
+
+/// An exit status as the protocol carries it (SPEC.md, `Evidence`): an exit code when
+/// non-negative, a signal number negated, or `i32::MIN` when the observer could not learn it.
+struct ExitStatus(i32);
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            i32::MIN => f.write_str("status unknown"),
+            s if s < 0 => write!(f, "signal {}", s.unsigned_abs()),
+            s => write!(f, "status {s}"),
         }
     }
 }
@@ -327,6 +341,32 @@ mod tests {
     use std::sync::Barrier;
     use std::thread;
     use std::time::Duration;
+
+    #[test]
+    fn exit_statuses_read_as_codes_signals_or_unknown() {
+        let dead = |status| {
+            AbortReason::PeerFailed {
+                rank: Rank(2),
+                evidence: Evidence::ProcessExited { status },
+            }
+            .to_string()
+        };
+        assert!(
+            dead(3).ends_with("process exited (status 3)"),
+            "{}",
+            dead(3)
+        );
+        assert!(
+            dead(-9).ends_with("process exited (signal 9)"),
+            "{}",
+            dead(-9)
+        );
+        assert!(
+            dead(i32::MIN).ends_with("process exited (status unknown)"),
+            "{}",
+            dead(i32::MIN)
+        );
+    }
 
     #[test]
     fn first_reason_wins_and_is_never_cleared() {

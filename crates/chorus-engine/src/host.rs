@@ -117,8 +117,7 @@ impl Device for HostDevice {
         factor: f64,
     ) -> Result<(), DeviceError> {
         whole(len, dtype)?;
-        kernel::scale(region_mut(mem, off, len)?, dtype, factor);
-        Ok(())
+        kernel::scale(region_mut(mem, off, len)?, dtype, factor)
     }
 
     fn divide(
@@ -130,8 +129,7 @@ impl Device for HostDevice {
         divisor: u32,
     ) -> Result<(), DeviceError> {
         whole(len, dtype)?;
-        kernel::divide(region_mut(mem, off, len)?, dtype, divisor);
-        Ok(())
+        kernel::divide(region_mut(mem, off, len)?, dtype, divisor)
     }
 
     fn host_bytes<'m>(

@@ -54,6 +54,24 @@ pub fn host_reduce(
     dtype: chorus_protocol::DType,
     op: chorus_protocol::ReduceOp,
 ) -> Result<(), DeviceError> {
+    same_elements(dst, src, dtype)?;
+    kernel::reduce(dst, src, dtype, op)
+}
+
+/// [`host_reduce`] on the portable loops whatever the CPU has: the reference the vectorised
+/// kernels for the 16- and 8-bit floats are tested against, and the baseline the `reduce`
+/// benchmark shows them beside. The same bits as [`host_reduce`], only slower.
+pub fn host_reduce_portable(
+    dst: &mut [u8],
+    src: &[u8],
+    dtype: chorus_protocol::DType,
+    op: chorus_protocol::ReduceOp,
+) -> Result<(), DeviceError> {
+    same_elements(dst, src, dtype)?;
+    kernel::reduce_on(kernel::Path::Portable, dst, src, dtype, op)
+}
+
+fn same_elements(dst: &[u8], src: &[u8], dtype: chorus_protocol::DType) -> Result<(), DeviceError> {
     if dst.len() != src.len() {
         return Err(DeviceError::OutOfBounds {
             off: 0,
@@ -67,5 +85,5 @@ pub fn host_reduce(
             dtype,
         });
     }
-    kernel::reduce(dst, src, dtype, op)
+    Ok(())
 }

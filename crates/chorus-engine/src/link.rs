@@ -61,6 +61,22 @@ pub trait Link<P = Bytes>: Send + Sync {
 
     /// Fail everything pending and everything later with `reason` (see the contract above).
     fn cancel(&self, reason: CancelReason);
+
+    /// True once everything `send` accepted has left this process and reached the peer's
+    /// host (nothing queued in user space, nothing unacknowledged on the wire), or the link
+    /// has failed. A graceful close waits for it, bounded, before it cancels, so a peer
+    /// still finishing its last operation gets all of it. Links that cannot tell say true.
+    fn is_flushed(&self) -> bool {
+        true
+    }
+
+    /// The error every later operation will fail with, if the link has failed (cancelled,
+    /// the peer departed, the connection lost): how the peer ended, for a runtime that
+    /// must tell a departure from a crash while no operation is running. Links that
+    /// cannot tell say `None`.
+    fn failure(&self) -> Option<LinkError> {
+        None
+    }
 }
 
 /// Identifies one payload of one operation. Every rank derives the same tags from the same

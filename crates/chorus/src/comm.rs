@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Config;
 use crate::element::{Element, bytes, bytes_mut};
-use crate::error::{Error, ErrorKind, Result, from_op};
+use crate::error::{Error, ErrorKind, Result, from_abort, from_op};
 use crate::launch::{self, RootSpec};
 use crate::recorder::Recorder;
 use crate::runtime::lineage::{self, Driver, EpochHooks, LineageMsg, NextEpoch, Request, Shared};
@@ -54,6 +54,8 @@ struct Inner {
     _root: Option<RootHost>,
     /// One-way: set by `destroy` or `abort`, never cleared (principle 4).
     closed: AtomicBool,
+    /// An abort's departure, still leaving: a later `destroy` lets it finish (bounded).
+    departing: Mutex<Option<oneshot::Receiver<()>>>,
     _signal: Mutex<Option<signal::Registration>>,
 }
 
@@ -194,10 +196,7 @@ impl Comm {
         let deadline = started + config.init_timeout;
         let rank = Rank(rank);
         let session = Session::start(config.clone(), id.secret.clone()).await?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        // Serve the communicator before anyone can know it: peers that get the peer table
-        // first connect at once, and must be admitted.
-        session.registry.serve(id.comm, Epoch(0), rank, tx.clone());
+        let inbox = Inbox::serve(&session, id.comm, Epoch(0), rank);
         let welcome = {
             let (session, id) = (session.clone(), id.clone());
             session
@@ -205,31 +204,9 @@ impl Comm {
                 .run(bootstrap(session, id, rank, world, deadline))
                 .await??
         };
-        let shared = Arc::new(Shared::default());
-        let driver = Driver::new(
-            session.clone(),
-            &welcome,
-            rank,
-            rx,
-            tx.clone(),
-            shared.clone(),
-        )?;
-        session.handle.spawn(driver.run());
-        let lineage = Arc::new(LineageHandle {
-            handle: lineage::Handle { tx, shared },
-        });
         let life = Context::root();
-        let epoch = build_epoch(
-            &session,
-            &lineage,
-            &life,
-            welcome.comm,
-            welcome.epoch,
-            rank,
-            welcome.members,
-            deadline,
-        )
-        .await?;
+        let (lineage, epoch) =
+            start_lineage(&session, welcome, rank, inbox, &life, deadline).await?;
         tracing::info!(comm = %epoch.comm, rank = %rank, world, ms = millis(started.elapsed()), "communicator ready");
         let comm = Comm::from_parts(session, lineage, epoch, life, root);
         comm.install_signal_departure();
@@ -243,6 +220,7 @@ impl Comm {
         life: Context,
         root: Option<RootHost>,
     ) -> Comm {
+        session.enter();
         Comm {
             inner: Arc::new(Inner {
                 session,
@@ -252,6 +230,7 @@ impl Comm {
                 children: Mutex::new(Vec::new()),
                 _root: root,
                 closed: AtomicBool::new(false),
+                departing: Mutex::new(None),
                 _signal: Mutex::new(None),
             }),
         }
@@ -520,19 +499,74 @@ impl Comm {
     /// also evidence for the control plane (conclusive: the peer's sockets closed).
     fn op_error(&self, e: &OpError) -> Error {
         let root = e.root_cause();
-        if let (OpErrorKind::Link(LinkError::ConnectionLost { .. }), Some(peer)) =
-            (&root.kind, root.peer)
+        let epoch = self.inner.epoch.epoch;
+        match (&root.kind, root.peer) {
+            (OpErrorKind::Link(LinkError::ConnectionLost { .. }), Some(peer)) => {
+                let _ = self
+                    .inner
+                    .lineage
+                    .handle
+                    .tx
+                    .send(LineageMsg::DataLost { peer, epoch });
+            }
+            (OpErrorKind::Link(LinkError::PeerDeparted { code, .. }), Some(peer)) => {
+                let _ = self.inner.lineage.handle.tx.send(LineageMsg::DataDeparted {
+                    peer,
+                    epoch,
+                    code: *code,
+                });
+            }
+            _ => {}
+        }
+        let mut err = from_op(e);
+        // This member cancels a link only after recording why on the epoch's context (a
+        // peer declared dead, an abort, destroy); an operation that happened to wake on the
+        // cancelled link first reports that reason, not the cancel's code.
+        if let OpErrorKind::Link(LinkError::Cancelled(_)) = &root.kind
+            && let Some(reason) = self.inner.epoch.hooks.ctx.reason()
         {
-            let _ = self.inner.lineage.handle.tx.send(LineageMsg::DataLost {
-                peer,
-                epoch: self.inner.epoch.epoch,
+            let why = from_abort(&reason);
+            err.kind = why.kind;
+            err.detail = why.detail;
+            err.peer = why.peer.or(err.peer);
+            err.evidence = why.evidence;
+        }
+        // A revoke that overtook a departure's own news (it is what revokes an epoch under
+        // running operations, see `lineage::Driver::on_data_departed`) names the departure
+        // once this member's link to the leaver carries it.
+        if err.kind == ErrorKind::Revoked
+            && let Some(peer) = self.departed_on_links(err.waiting_on)
+        {
+            err.kind = ErrorKind::PeerDeparted;
+            err.detail = format!("peer {peer} left the communicator ({})", err.detail);
+            err.peer = Some(peer);
+            err.evidence = Some(chorus_protocol::message::Evidence::Departed {
+                code: CloseCode::NORMAL,
             });
         }
-        let err = self.stamp(from_op(e));
+        let err = self.stamp(err);
         if !matches!(err.kind, ErrorKind::InvalidArgument) {
             self.inner.lineage.handle.shared.record_error(err.clone());
         }
         err
+    }
+
+    /// A member whose data link at this epoch carries a graceful departure: `first` if it
+    /// does, else the lowest such rank.
+    fn departed_on_links(&self, first: Option<Rank>) -> Option<Rank> {
+        let departed = |l: &DataLink| {
+            matches!(
+                l.failure(),
+                Some(LinkError::PeerDeparted {
+                    code: CloseCode::NORMAL | CloseCode::LEFT,
+                    ..
+                })
+            )
+        };
+        let links = &self.inner.epoch.hooks.links;
+        first
+            .filter(|p| links.iter().any(|l| l.peer() == *p && departed(l)))
+            .or_else(|| links.iter().filter(|l| departed(l)).map(|l| l.peer()).min())
     }
 
     // -----------------------------------------------------------------------------------
@@ -656,35 +690,9 @@ impl Comm {
                     "the welcome does not list this process",
                 )
             })?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        session
-            .registry
-            .serve(welcome.comm, welcome.epoch, me, tx.clone());
-        let shared = Arc::new(Shared::default());
-        let driver = Driver::new(
-            session.clone(),
-            &welcome,
-            me,
-            rx,
-            tx.clone(),
-            shared.clone(),
-        )?;
-        session.handle.spawn(driver.run());
-        let lineage = Arc::new(LineageHandle {
-            handle: lineage::Handle { tx, shared },
-        });
+        let inbox = Inbox::serve(&session, welcome.comm, welcome.epoch, me);
         let life = Context::root();
-        let epoch = build_epoch(
-            &session,
-            &lineage,
-            &life,
-            welcome.comm,
-            welcome.epoch,
-            me,
-            welcome.members,
-            deadline,
-        )
-        .await?;
+        let (lineage, epoch) = start_lineage(&session, welcome, me, inbox, &life, deadline).await?;
         tracing::info!(rank = %me, ms = millis(started.elapsed()), "joined");
         let comm = Comm::from_parts(session, lineage, epoch, life, None);
         comm.install_signal_departure();
@@ -727,34 +735,10 @@ impl Comm {
             members,
         };
         let session = self.inner.session.clone();
-        let (tx, rx) = mpsc::unbounded_channel();
-        session.registry.serve(comm, Epoch(0), me, tx.clone());
-        let shared = Arc::new(Shared::default());
-        let driver = Driver::new(
-            session.clone(),
-            &welcome,
-            me,
-            rx,
-            tx.clone(),
-            shared.clone(),
-        )?;
-        session.handle.spawn(driver.run());
-        let lineage = Arc::new(LineageHandle {
-            handle: lineage::Handle { tx, shared },
-        });
+        let inbox = Inbox::serve(&session, comm, Epoch(0), me);
         let life = self.inner.life.child();
         let deadline = Instant::now() + session.config.init_timeout;
-        let epoch = build_epoch(
-            &session,
-            &lineage,
-            &life,
-            comm,
-            Epoch(0),
-            me,
-            welcome.members,
-            deadline,
-        )
-        .await?;
+        let (lineage, epoch) = start_lineage(&session, welcome, me, inbox, &life, deadline).await?;
         let child = Comm::from_parts(session, lineage, epoch, life, None);
         if let Ok(mut children) = self.inner.children.lock() {
             children.retain(|w| w.strong_count() > 0);
@@ -774,40 +758,91 @@ impl Comm {
         let budget = self.inner.session.config.teardown_budget;
         let started = Instant::now();
         if self.inner.closed.swap(true, Ordering::AcqRel) {
+            // Aborted before: the links are cancelled and the departures on their way;
+            // what is left is to let them leave the process, with the session.
+            let departing = self.inner.departing.lock().ok().and_then(|mut d| d.take());
+            if let Some(rx) = departing {
+                let deadline = tokio_instant(started + budget / 2);
+                let _ = self
+                    .inner
+                    .session
+                    .run(async move { tokio::time::timeout_at(deadline, rx).await })
+                    .await;
+            }
+            self.shut_session(started, budget);
             return Ok(());
         }
-        let (reply, rx) = oneshot::channel();
-        let requested = self.inner.lineage.handle.request(Request::Depart {
-            code: CloseCode::NORMAL,
-            detail: "destroyed".into(),
-            reply,
-        });
+        let deadline = started + budget;
         let links = self.inner.epoch.hooks.links.clone();
-        let depart = async move {
-            if requested {
-                let _ = rx.await;
-            }
-        };
-        // The wait for the departures is on the control thread's clock, so it is bounded
-        // even on an executor without timers.
-        let _ = self
-            .inner
-            .session
-            .run(async move { tokio::time::timeout(budget, depart).await })
-            .await;
+        // A peer may still be finishing the last operation with this member: it gets
+        // everything this member's operations handed to the links before they close
+        // (at most half the budget: a frozen peer takes nothing).
+        {
+            let links = links.clone();
+            let until = started + budget / 2;
+            let _ = self.inner.session.run(flush(links, until)).await;
+        }
+        // The data links depart first: a peer blocked on this member's data fails at once
+        // on its link (which delivers the departure after the data), and a peer that sees
+        // this process exit can read from its link that it left rather than died.
         for link in &links {
             link.cancel(CancelReason::new(
                 CloseCode::NORMAL,
                 "communicator destroyed",
             ));
         }
+        // Only the lineage's newest communicator speaks for this member: destroying an
+        // older one (after a shrink or grow) must not take the member out of the new one.
+        let newest = self.inner.lineage.handle.shared.newest_epoch() <= self.inner.epoch.epoch;
+        if newest {
+            let (reply, rx) = oneshot::channel();
+            let requested = self.inner.lineage.handle.request(Request::Depart {
+                code: CloseCode::NORMAL,
+                detail: "destroyed".into(),
+                reply,
+            });
+            let depart = async move {
+                if requested {
+                    let _ = rx.await;
+                }
+            };
+            // The wait for the departures is on the control thread's clock, so it is
+            // bounded even on an executor without timers.
+            let _ = self
+                .inner
+                .session
+                .run(async move { tokio::time::timeout_at(tokio_instant(deadline), depart).await })
+                .await;
+        }
         self.inner.epoch.hooks.ctx.abort(AbortReason::Shutdown);
+        self.shut_session(started, budget);
+        tracing::debug!(ms = millis(started.elapsed()), newest, "destroyed");
+        Ok(())
+    }
+
+    /// Stops the control thread if this was the last communicator on it, within what is
+    /// left of `budget`.
+    fn shut_session(&self, started: Instant, budget: std::time::Duration) {
         let left = budget.saturating_sub(started.elapsed());
-        if Arc::strong_count(&self.inner.session) == 1 {
+        if self.inner.session.live() == 1 {
             self.inner.session.shutdown(left);
         }
-        tracing::debug!(ms = millis(started.elapsed()), "destroyed");
-        Ok(())
+    }
+}
+
+/// Waits until every link has flushed what it accepted, or `until` (polled: this runs
+/// once per destroy, on the control thread).
+async fn flush(links: Vec<DataLink>, until: Instant) {
+    while Instant::now() < until && !links.iter().all(|l| l.is_flushed()) {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let unflushed: Vec<Rank> = links
+        .iter()
+        .filter(|l| !l.is_flushed())
+        .map(|l| l.peer())
+        .collect();
+    if !unflushed.is_empty() {
+        tracing::debug!(?unflushed, "data links not flushed within the budget");
     }
 }
 
@@ -820,12 +855,16 @@ impl Inner {
         for link in &self.epoch.hooks.links {
             link.cancel(CancelReason::new(CloseCode::ABORTED, reason.to_owned()));
         }
-        let (reply, _) = oneshot::channel();
-        let _ = self.lineage.handle.request(Request::Depart {
+        let (reply, rx) = oneshot::channel();
+        if self.lineage.handle.request(Request::Depart {
             code: CloseCode::ABORTED,
             detail: reason.to_owned(),
             reply,
-        });
+        }) && let Ok(mut slot) = self.departing.lock()
+            && slot.is_none()
+        {
+            *slot = Some(rx);
+        }
         let children: Vec<Arc<Inner>> = self
             .children
             .lock()
@@ -848,6 +887,7 @@ impl Drop for Inner {
         self.session
             .registry
             .retire(self.epoch.comm, self.epoch.epoch);
+        self.session.leave();
     }
 }
 
@@ -877,6 +917,60 @@ impl signal::Departer for SignalDeparter {
     }
 }
 
+/// A lineage driver's inbox, registered with the session's registry before anyone can know
+/// the communicator: peers that get the peer table first connect at once, and must be
+/// admitted and routed to it.
+struct Inbox {
+    tx: mpsc::UnboundedSender<LineageMsg>,
+    rx: mpsc::UnboundedReceiver<LineageMsg>,
+}
+
+impl Inbox {
+    fn serve(session: &Session, comm: CommId, epoch: Epoch, me: Rank) -> Inbox {
+        let (tx, rx) = mpsc::unbounded_channel();
+        session.registry.serve(comm, epoch, me, tx.clone());
+        Inbox { tx, rx }
+    }
+}
+
+/// Starts the control driver of `welcome`'s communicator as `me` and builds its first
+/// epoch's data plane under `life`.
+async fn start_lineage(
+    session: &Arc<Session>,
+    welcome: Welcome,
+    me: Rank,
+    inbox: Inbox,
+    life: &Context,
+    deadline: Instant,
+) -> Result<(Arc<LineageHandle>, Arc<EpochState>)> {
+    let Inbox { tx, rx } = inbox;
+    let shared = Arc::new(Shared::default());
+    let driver = Driver::new(
+        session.clone(),
+        &welcome,
+        me,
+        rx,
+        tx.clone(),
+        shared.clone(),
+    )?;
+    session.handle.spawn(driver.run());
+    let lineage = Arc::new(LineageHandle {
+        handle: lineage::Handle { tx, shared },
+    });
+    let epoch = build_epoch(
+        session,
+        &lineage,
+        life,
+        welcome.comm,
+        welcome.epoch,
+        me,
+        welcome.members,
+        deadline,
+    )
+    .await?;
+    Ok((lineage, epoch))
+}
+
 /// Builds an epoch's data plane: links to every member, the engine, the hooks the driver
 /// aborts on failures.
 #[allow(clippy::too_many_arguments)]
@@ -891,14 +985,33 @@ async fn build_epoch(
     deadline: Instant,
 ) -> Result<Arc<EpochState>> {
     let world = members.len() as u32;
-    let links: Vec<DataLink> = {
-        let (s, m) = (session.clone(), members.clone());
-        session
-            .run(links::mesh(s, comm, epoch, rank, m, deadline))
-            .await??
-    };
     let ctx = life.child();
     let recorder = Arc::new(Recorder::new(session.config.recorder_ops));
+    // Attached before the links are built: a member declared absent at this epoch (now or
+    // while they are built) aborts the build at once, naming it, instead of leaving it to
+    // wait for that member's links until the deadline.
+    let building = Arc::new(EpochHooks {
+        epoch,
+        ctx: ctx.clone(),
+        links: Vec::new(),
+        recorder: recorder.clone(),
+        building: true,
+    });
+    lineage
+        .handle
+        .request(Request::Attach(Arc::downgrade(&building)));
+    let links: Vec<DataLink> = {
+        let (s, m, aborted) = (session.clone(), members.clone(), ctx.aborted());
+        session
+            .run(async move {
+                tokio::select! {
+                    built = links::mesh(s, comm, epoch, rank, m, deadline) => built,
+                    reason = aborted => Err(from_abort(&reason)),
+                }
+            })
+            .await??
+    };
+    drop(building);
     let engine_config = engine_config(&session.config)?;
     let engine = Engine::new(
         rank,
@@ -915,7 +1028,9 @@ async fn build_epoch(
         ctx,
         links,
         recorder: recorder.clone(),
+        building: false,
     });
+    lineage.handle.shared.built(epoch);
     lineage
         .handle
         .request(Request::Attach(Arc::downgrade(&hooks)));

@@ -235,7 +235,10 @@ struct Status(i32);
 
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 < 0 {
+        if self.0 == i32::MIN {
+            // A pidfd on a process that is not our child: it ended, how is unknown.
+            f.write_str("status unknown")
+        } else if self.0 < 0 {
             write!(f, "signal {}", -self.0)
         } else {
             write!(f, "status {}", self.0)
@@ -266,33 +269,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// abort reason, a link failure, bad arguments), and every structured field the engine kept.
 pub(crate) fn from_op(e: &chorus_engine::OpError) -> Error {
     use chorus_engine::OpErrorKind;
-    use chorus_engine::context::AbortReason;
     use chorus_engine::link::LinkError;
 
     let root = e.root_cause();
     let mut out = match &root.kind {
-        OpErrorKind::Aborted(reason) => {
-            let (kind, peer, evidence) = match reason {
-                AbortReason::Requested { .. } => (ErrorKind::Aborted, None, None),
-                AbortReason::PeerFailed { rank, evidence } => {
-                    (ErrorKind::PeerFailed, Some(*rank), Some(*evidence))
-                }
-                AbortReason::PeerDeparted { rank, code } => (
-                    kind_of_close(*code),
-                    Some(*rank),
-                    Some(Evidence::Departed { code: *code }),
-                ),
-                AbortReason::Timeout { .. } => (ErrorKind::Timeout, None, None),
-                AbortReason::Revoked { .. } => (ErrorKind::Revoked, None, None),
-                AbortReason::Evicted => (ErrorKind::Evicted, None, None),
-                AbortReason::Shutdown => (ErrorKind::Destroyed, None, None),
-                AbortReason::OpFailed { .. } => (ErrorKind::Aborted, None, None),
-            };
-            let mut err = Error::new(kind, reason.to_string());
-            err.peer = peer;
-            err.evidence = evidence;
-            err
-        }
+        OpErrorKind::Aborted(reason) => from_abort(reason),
         OpErrorKind::Link(link) => {
             let (kind, evidence) = match link {
                 LinkError::Cancelled(reason) => (kind_of_cancel(reason.code), None),
@@ -336,6 +317,32 @@ pub(crate) fn from_op(e: &chorus_engine::OpError) -> Error {
     out.waiting_on = root.peer;
     out.partial_output = e.partial_output || root.partial_output;
     out
+}
+
+/// The public error for an abort reason: its kind, the peer and the evidence it names.
+pub(crate) fn from_abort(reason: &chorus_engine::context::AbortReason) -> Error {
+    use chorus_engine::context::AbortReason;
+
+    let (kind, peer, evidence) = match reason {
+        AbortReason::Requested { .. } => (ErrorKind::Aborted, None, None),
+        AbortReason::PeerFailed { rank, evidence } => {
+            (ErrorKind::PeerFailed, Some(*rank), Some(*evidence))
+        }
+        AbortReason::PeerDeparted { rank, code } => (
+            kind_of_close(*code),
+            Some(*rank),
+            Some(Evidence::Departed { code: *code }),
+        ),
+        AbortReason::Timeout { .. } => (ErrorKind::Timeout, None, None),
+        AbortReason::Revoked { .. } => (ErrorKind::Revoked, None, None),
+        AbortReason::Evicted => (ErrorKind::Evicted, None, None),
+        AbortReason::Shutdown => (ErrorKind::Destroyed, None, None),
+        AbortReason::OpFailed { .. } => (ErrorKind::Aborted, None, None),
+    };
+    let mut err = Error::new(kind, reason.to_string());
+    err.peer = peer;
+    err.evidence = evidence;
+    err
 }
 
 /// The kind of error a locally cancelled link reports: the cancel's own code says why.
@@ -383,6 +390,18 @@ mod tests {
              operation (peer r2, process exited (signal 9)); output buffer holds partial data"
         );
         assert!(e.is_recoverable_by_shrink());
+    }
+
+    #[test]
+    fn an_exit_seen_without_its_status_displays_without_panicking() {
+        let e = Error::new(ErrorKind::PeerFailed, "peer failed")
+            .with_peer(Rank(2))
+            .with_evidence(Evidence::ProcessExited { status: i32::MIN });
+        assert!(
+            e.to_string()
+                .ends_with("(peer r2, process exited (status unknown))"),
+            "{e}"
+        );
     }
 
     #[test]

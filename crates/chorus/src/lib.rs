@@ -19,6 +19,7 @@ pub mod launch;
 pub mod recorder;
 mod runtime;
 pub mod signal;
+pub mod status;
 pub mod unique_id;
 pub mod watch;
 

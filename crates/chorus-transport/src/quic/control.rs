@@ -34,6 +34,8 @@ struct Shared {
     /// refuses the rest, so sending one would only close the channel).
     role: Role,
     local: Side,
+    /// Datagrams the connection had sent when we closed it (see `close_sent`).
+    sent_at_close: std::sync::OnceLock<u64>,
 }
 
 impl ControlChannel {
@@ -60,6 +62,7 @@ impl ControlChannel {
                 peer,
                 role,
                 local,
+                sent_at_close: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -169,6 +172,24 @@ impl ControlChannel {
         self.shared.close_now(code, detail);
     }
 
+    /// True once the connection's end is settled on the wire: our `CONNECTION_CLOSE`
+    /// was transmitted, or the peer closed it first. A process about to exit waits for it
+    /// (bounded), or its departure dies with it.
+    pub fn close_sent(&self) -> bool {
+        let conn = &self.shared.conn;
+        // Once closed, a connection sends nothing but its close: any datagram built after
+        // the close call carries it.
+        let sent = self
+            .shared
+            .sent_at_close
+            .get()
+            .is_some_and(|before| conn.stats().udp_tx.datagrams > *before);
+        sent || matches!(
+            conn.close_reason(),
+            Some(reason) if !matches!(reason, quinn::ConnectionError::LocallyClosed)
+        )
+    }
+
     /// Why the connection ended, if it has.
     pub fn close_reason(&self) -> Option<LinkError> {
         self.shared
@@ -196,6 +217,9 @@ impl ControlChannel {
 
 impl Shared {
     fn close_now(&self, code: CloseCode, detail: &str) {
+        // Datagrams built before the close; the next one carries the CONNECTION_CLOSE.
+        let before = self.conn.stats().udp_tx.datagrams;
+        self.sent_at_close.get_or_init(|| before);
         self.conn.close(code_of(code), detail.as_bytes());
     }
 }

@@ -119,6 +119,10 @@ impl Link<Bytes> for QuicLink {
     fn cancel(&self, reason: CancelReason) {
         self.leave(reason);
     }
+
+    fn failure(&self) -> Option<LinkError> {
+        self.matcher.terminal()
+    }
 }
 
 impl Drop for QuicLink {

@@ -217,6 +217,14 @@ impl QuicEndpoint {
             .endpoint
             .close(VarInt::from_u32(code.0.into()), detail.as_bytes());
     }
+
+    /// Resolves once every connection has finished closing, so its `CONNECTION_CLOSE`
+    /// left this process: a process that exits right after `close` may otherwise take
+    /// the departure with it. It waits out the closing connections' drain period (three
+    /// probe timeouts), so callers bound it with their teardown budget.
+    pub async fn wait_idle(&self) {
+        self.inner.endpoint.wait_idle().await;
+    }
 }
 
 impl Inner {

@@ -306,6 +306,19 @@ impl Link<Bytes> for TcpLink {
     fn cancel(&self, reason: CancelReason) {
         self.leave(reason);
     }
+
+    fn failure(&self) -> Option<LinkError> {
+        self.matcher.terminal()
+    }
+
+    fn is_flushed(&self) -> bool {
+        if self.matcher.terminal().is_some() {
+            return true;
+        }
+        // The queue first: a frame the writer holds is not in the kernel yet.
+        self.outbound.lock().is_idle()
+            && socket::unacknowledged(self.io.fd()).is_none_or(|n| n == 0)
+    }
 }
 
 impl Drop for TcpLink {

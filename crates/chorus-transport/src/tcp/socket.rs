@@ -82,6 +82,16 @@ pub(crate) fn shutdown(fd: BorrowedFd<'_>) {
     }
 }
 
+/// Bytes written to the socket that the peer has not acknowledged yet (`SIOCOUTQ`);
+/// `None` if the kernel will not say.
+pub(crate) fn unacknowledged(fd: BorrowedFd<'_>) -> Option<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int through the pointer, which is valid and
+    // writable for the call; `fd` is a live socket for the borrow.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    (rc == 0).then(|| usize::try_from(n).unwrap_or(0))
+}
+
 /// Shuts down any socket-like thing; see [`shutdown`].
 pub(crate) fn shutdown_of(s: &impl AsFd) {
     shutdown(s.as_fd());

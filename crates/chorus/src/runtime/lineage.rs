@@ -16,7 +16,7 @@ use chorus_control::{Agreed, Command, Event, Input, Node, Witness};
 use chorus_engine::LinkError;
 use chorus_engine::context::AbortReason;
 use chorus_protocol::message::{
-    Evidence, Message, PeerInfo, PeerStatus, Role, StatusReply, Verdict, Welcome,
+    Evidence, Message, PeerInfo, PeerState, PeerStatus, Role, StatusReply, Verdict, Welcome,
 };
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 use chorus_transport::{ControlChannel, Fingerprint};
@@ -35,6 +35,11 @@ pub(crate) const STATUS_UNKNOWN: i32 = i32::MIN;
 
 /// How often the driver checks running operations against their deadline.
 const WATCHDOG_TICK: Duration = Duration::from_millis(100);
+
+/// How long a same-host peer's exit waits for its data link to say whether it departed
+/// first (see `Driver::on_exited`); a crash settles the link sooner (the kernel closes a
+/// dead process's sockets), so this bounds only the case of no link news at all.
+const EXIT_GRACE: Duration = Duration::from_millis(20);
 
 /// Messages to a lineage's driver.
 pub(crate) enum LineageMsg {
@@ -59,8 +64,22 @@ pub(crate) enum LineageMsg {
     ConnectFailed { peer: Rank, epoch: Epoch },
     /// A peer's process on this host exited.
     Exited { peer: Rank, epoch: Epoch },
+    /// How that exit ended the peer: `Some(code)` if its data link carried its departure
+    /// first, `None` if it died (see `on_exited`).
+    ExitedAs {
+        peer: Rank,
+        epoch: Epoch,
+        end: Option<CloseCode>,
+    },
     /// An operation saw its data link to `peer` lost without a departure.
     DataLost { peer: Rank, epoch: Epoch },
+    /// An operation saw `peer` depart on its data link with `code` (after everything `peer`
+    /// sent on it: the link delivers in order).
+    DataDeparted {
+        peer: Rank,
+        epoch: Epoch,
+        code: CloseCode,
+    },
     /// A request from the application.
     Request(Request),
 }
@@ -106,6 +125,9 @@ pub(crate) struct EpochHooks {
     pub(crate) ctx: chorus_engine::Context,
     pub(crate) links: Vec<super::registry::DataLink>,
     pub(crate) recorder: Arc<Recorder>,
+    /// The epoch's links are still being built: any member leaving (even gracefully)
+    /// makes the build impossible, so it aborts.
+    pub(crate) building: bool,
 }
 
 /// What the application reads without asking the driver.
@@ -116,6 +138,8 @@ pub(crate) struct Shared {
     async_error: OnceLock<Error>,
     /// Peers that left gracefully at each epoch.
     departed: Mutex<HashSet<(Epoch, Rank)>>,
+    /// The newest epoch a communicator of this lineage was built for.
+    newest: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -134,6 +158,17 @@ impl Shared {
 
     pub(crate) fn record_error(&self, error: Error) {
         let _ = self.async_error.set(error);
+    }
+
+    /// The newest epoch a communicator of this lineage was built for.
+    pub(crate) fn newest_epoch(&self) -> Epoch {
+        Epoch(self.newest.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Records that a communicator for `epoch` exists (epochs only grow).
+    pub(crate) fn built(&self, epoch: Epoch) {
+        self.newest
+            .fetch_max(epoch.get(), std::sync::atomic::Ordering::AcqRel);
     }
 
     /// True when `peer` left the epoch gracefully (destroy), so failing on it is expected.
@@ -186,14 +221,21 @@ impl Chan {
         let channel = self.channel.clone();
         let detail = detail.to_owned();
         tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + budget;
             if let Some(writer) = writer {
                 let abort = writer.abort_handle();
-                if tokio::time::timeout(budget, writer).await.is_err() {
+                if tokio::time::timeout_at(until, writer).await.is_err() {
                     abort.abort();
                 }
             }
             // Idempotent when the writer already closed it.
             channel.close(code, &detail);
+            // The close is the departure (principle 1): resolve once it left this process
+            // (the endpoint sends it at its next turn), so a process that exits right
+            // after its teardown does not take it along.
+            while !channel.close_sent() && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
         })
     }
 }
@@ -238,7 +280,26 @@ pub(crate) struct Driver {
     joiners: Vec<(PeerInfo, u64)>,
     wanted_joiners: Option<u32>,
     admitted: bool,
+    /// Leaving: the departure is on its way to the streams that exist, and to those still
+    /// being opened (a member that leaves right after init has some of each).
+    departing: Option<Departing>,
     finished: bool,
+}
+
+/// A departure in progress (see `Request::Depart`).
+struct Departing {
+    code: CloseCode,
+    detail: String,
+    /// Streams closing after their departure frames, resolving once the close left.
+    closing: Vec<JoinHandle<()>>,
+    /// When to stop waiting for streams still being opened.
+    until: Instant,
+    /// Peers known absent when the departure began: nobody waits to tell them.
+    absent: HashSet<(Epoch, Rank)>,
+    /// The departure went out on at least one stream: the members that got it spread it
+    /// (a notice), so streams still being opened are not waited for any more.
+    delivered: bool,
+    reply: oneshot::Sender<()>,
 }
 
 impl Driver {
@@ -276,6 +337,7 @@ impl Driver {
             joiners: Vec::new(),
             wanted_joiners: None,
             admitted: false,
+            departing: None,
             finished: false,
         };
         driver.watch_processes(welcome.epoch);
@@ -305,6 +367,7 @@ impl Driver {
                 _ = tick.tick() => self.watchdog(),
             }
             self.drain();
+            self.maybe_departed();
         }
         drop(self.close_all(CloseCode::NORMAL, "lineage stopped"));
         for w in self.watches.drain(..) {
@@ -339,12 +402,16 @@ impl Driver {
                 self.connecting.remove(&(epoch, peer));
                 self.pending.remove(&(epoch, peer));
             }
-            LineageMsg::Exited { peer, epoch } => self.input(Input::PeerExited {
-                peer,
-                epoch,
-                status: STATUS_UNKNOWN,
-                witness: Witness::Pidfd,
-            }),
+            LineageMsg::Exited { peer, epoch } => self.on_exited(peer, epoch),
+            LineageMsg::ExitedAs { peer, epoch, end } => match end {
+                Some(code) => self.input(Input::ConnectionClosed { peer, epoch, code }),
+                None => self.input(Input::PeerExited {
+                    peer,
+                    epoch,
+                    status: STATUS_UNKNOWN,
+                    witness: Witness::Pidfd,
+                }),
+            },
             LineageMsg::DataLost { peer, epoch } => {
                 if !self.shared.departed(epoch, peer) {
                     self.input(Input::ConnectionLost {
@@ -354,16 +421,94 @@ impl Driver {
                     });
                 }
             }
+            LineageMsg::DataDeparted { peer, epoch, code } => {
+                self.on_data_departed(peer, epoch, code)
+            }
             LineageMsg::Request(r) => self.on_request(r),
         }
     }
 
+    /// A same-host peer's process exited. A member that left sent its departure on its
+    /// data links before it exited, but the control stream's may still be in flight (or
+    /// only relayed), so its link says how it ended: a departure, or a crash (the kernel
+    /// closed the sockets without one). The link settles within the time the receiving
+    /// thread takes to read what already arrived; past `EXIT_GRACE` the exit is a death.
+    fn on_exited(&mut self, peer: Rank, epoch: Epoch) {
+        let link = self
+            .live_epochs()
+            .into_iter()
+            .filter(|h| h.epoch == epoch)
+            .find_map(|h| h.links.iter().find(|l| l.peer() == peer).cloned());
+        let tx = self.me.clone();
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + EXIT_GRACE;
+            let end = loop {
+                let seen = link.as_ref().and_then(|l| l.failure());
+                match seen {
+                    Some(LinkError::PeerDeparted { code, .. }) => break Some(code),
+                    Some(_) => break None,
+                    None if link.is_none() || tokio::time::Instant::now() >= until => {
+                        break None;
+                    }
+                    None => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            };
+            let _ = tx.send(LineageMsg::ExitedAs { peer, epoch, end });
+        });
+    }
+
+    /// An operation failed on a data link's departure. `evicted` is conclusive (the peer
+    /// removed this member) and `aborted` too (the peer aborted its communicator): the
+    /// node learns it like a control stream's close. `normal` and `left` only say the peer
+    /// is done with this epoch's streams — it left the communicator, or abandoned an epoch
+    /// whose links could not be built and is about to agree on the next one (SPEC.md 11.2
+    /// closes old streams with `normal`) — so the control plane is not told the peer is
+    /// gone; but the members waiting on this one are stranded all the same, so the epoch
+    /// is revoked: every member's operations end at once, naming the departure (see
+    /// `on_event`), instead of at their operation deadline.
+    fn on_data_departed(&mut self, peer: Rank, epoch: Epoch, code: CloseCode) {
+        if !matches!(code, CloseCode::NORMAL | CloseCode::LEFT) {
+            self.input(Input::ConnectionClosed { peer, epoch, code });
+        } else if epoch == self.node.epoch() {
+            Shared::lock(&self.shared.departed).insert((epoch, peer));
+            self.input(Input::Command(Command::Revoke));
+        }
+    }
+
     fn on_request(&mut self, request: Request) {
+        // A member that was evicted (or left) takes part in no agreement: say so at once
+        // rather than at the agreement deadline.
+        let inert = match self.node.status() {
+            chorus_control::Status::Member => None,
+            chorus_control::Status::Evicted => Some(Error::new(
+                ErrorKind::Evicted,
+                "this member was removed from the communicator; it cannot change it",
+            )),
+            chorus_control::Status::Departed { code } => Some(Error::new(
+                ErrorKind::Destroyed,
+                format!("this member left the communicator ({code})"),
+            )),
+        };
+        let request = match (request, inert) {
+            (Request::Shrink { reply, .. } | Request::Grow { reply, .. }, Some(e)) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+            (request, _) => request,
+        };
         match request {
             Request::Shrink { after, reply } => {
+                // The agreement past `after` is the answer, unless its epoch (the current
+                // one) lost a member since: then the survivors agree again, past it.
+                let mut after = after;
                 if let Some(next) = self.agreed.as_ref().filter(|n| n.agreed.previous >= after) {
-                    let _ = reply.send(Ok(next.clone()));
-                    return;
+                    let broken =
+                        next.agreed.epoch() == self.node.epoch() && self.absence(true).is_some();
+                    if !broken {
+                        let _ = reply.send(Ok(next.clone()));
+                        return;
+                    }
+                    after = self.node.epoch();
                 }
                 self.waiters.push(Waiter {
                     after,
@@ -415,25 +560,98 @@ impl Driver {
                         detail: detail.clone(),
                     }
                 };
+                if self.departing.is_some() {
+                    // Already leaving: this caller waits for nothing more.
+                    let _ = reply.send(());
+                    return;
+                }
                 self.input(Input::Command(command));
                 self.drain();
-                // The node queued its departures on the streams; each stream closes once
-                // they are written (QUIC delivers a stream's data before the close that
-                // follows it), bounded by the teardown budget.
+                // The node queued its departures on the streams: each stream closes with
+                // the code once they are written (the close carries the code even where
+                // the frame is cut short), bounded by the teardown budget. Departures for
+                // peers whose streams are still being opened wait for them (same bound):
+                // a member that leaves right after init must still be seen leaving.
                 let closing = self.close_all(code, &detail);
-                self.finished = true;
-                tokio::spawn(async move {
-                    for c in closing {
-                        let _ = c.await;
-                    }
-                    let _ = reply.send(());
+                let delivered = !closing.is_empty();
+                let epoch = self.node.epoch();
+                let absent = self
+                    .node
+                    .peers(self.session.clock.now())
+                    .into_iter()
+                    .filter(|p| matches!(p.state, PeerState::Dead | PeerState::Departed))
+                    .map(|p| (epoch, p.rank))
+                    .collect();
+                self.departing = Some(Departing {
+                    code,
+                    detail,
+                    closing,
+                    until: Instant::now() + self.session.config.teardown_budget / 2,
+                    absent,
+                    delivered,
+                    reply,
                 });
+                self.maybe_departed();
             }
             Request::Attach(hooks) => {
                 self.epochs.retain(|w| w.strong_count() > 0);
+                // An epoch that already lost a member is born aborted, like the operations
+                // of an aborted context.
+                if let Some(h) = hooks.upgrade()
+                    && h.epoch == self.node.epoch()
+                    && let Some(reason) = self.absence(h.building)
+                {
+                    h.ctx.abort(reason);
+                }
                 self.epochs.push(hooks);
             }
         }
+    }
+
+    /// Ends a departure once no stream is still being opened (or its time is up): the
+    /// reply goes out when every stream's close has left.
+    fn maybe_departed(&mut self) {
+        let Some(d) = &self.departing else { return };
+        // Only this epoch's members need the departure (older epochs' streams are moot).
+        let epoch = self.node.epoch();
+        let waiting = !d.delivered
+            && self
+                .connecting
+                .iter()
+                .any(|k| k.0 == epoch && !d.absent.contains(k));
+        if waiting && Instant::now() < d.until {
+            return;
+        }
+        let Some(d) = self.departing.take() else {
+            return;
+        };
+        self.finished = true;
+        tokio::spawn(async move {
+            for c in d.closing {
+                let _ = c.await;
+            }
+            let _ = d.reply.send(());
+        });
+    }
+
+    /// Why the current epoch cannot run operations (a member declared dead, or one that
+    /// left with a failure code; with `any_leave`, also one that left gracefully), if so.
+    fn absence(&self, any_leave: bool) -> Option<AbortReason> {
+        self.node
+            .peers(self.session.clock.now())
+            .into_iter()
+            .find_map(|p| match (p.state, p.evidence) {
+                (PeerState::Dead, Some(evidence)) => Some(AbortReason::PeerFailed {
+                    rank: p.rank,
+                    evidence,
+                }),
+                (PeerState::Departed, Some(Evidence::Departed { code }))
+                    if any_leave || !matches!(code, CloseCode::NORMAL | CloseCode::LEFT) =>
+                {
+                    Some(AbortReason::PeerDeparted { rank: p.rank, code })
+                }
+                _ => None,
+            })
     }
 
     fn agree_deadline(&self) -> Instant {
@@ -533,6 +751,23 @@ impl Driver {
             channel.close(CloseCode::NORMAL, "member left");
             return;
         }
+        if let Some(d) = &self.departing {
+            // A stream this member opened before it left: carry the departure queued for
+            // it, then close. A stream a peer opens now is closed with the code at once.
+            let (code, detail) = (d.code, d.detail.clone());
+            let queued = if role == Role::Member {
+                self.connecting.remove(&(epoch, peer));
+                self.pending.remove(&(epoch, peer)).unwrap_or_default()
+            } else {
+                VecDeque::new()
+            };
+            let closing = self.departing_close(channel, queued, code, &detail);
+            if let Some(d) = &mut self.departing {
+                d.closing.push(closing);
+                d.delivered |= role == Role::Member;
+            }
+            return;
+        }
         let id = self.next_chan;
         self.next_chan += 1;
         let (out, mut rx) = mpsc::unbounded_channel::<Out>();
@@ -624,11 +859,16 @@ impl Driver {
             LinkError::PeerDeparted { code, .. } => Input::ConnectionClosed { peer, epoch, code },
             LinkError::Cancelled(_) => return,
             LinkError::Protocol { code, .. } => Input::ConnectionLost { peer, epoch, code },
-            _ => Input::ConnectionLost {
-                peer,
-                epoch,
-                code: CloseCode::INTERNAL,
-            },
+            error => {
+                // A QUIC connection ends without a close only by silence: its idle timeout,
+                // which is longer than the heartbeat deadline (the detector has judged the
+                // peer already), or this process's own freeze, after which every timer
+                // expires at once on resume and would condemn every peer of a member that
+                // was itself frozen (and is about to learn it was evicted). Silence is the
+                // detector's to weigh; the stream is reopened when next needed.
+                tracing::debug!(%peer, %epoch, %error, "control stream lost");
+                return;
+            }
         };
         self.input(input);
     }
@@ -772,6 +1012,34 @@ impl Driver {
         }
     }
 
+    /// Writes `queued` on a fresh stream, then closes it with `code` (bounded like
+    /// `Chan::close`); resolves once the close left.
+    fn departing_close(
+        &self,
+        channel: Arc<ControlChannel>,
+        queued: VecDeque<Message>,
+        code: CloseCode,
+        detail: &str,
+    ) -> JoinHandle<()> {
+        let budget = self.session.config.teardown_budget / 2;
+        let detail = detail.to_owned();
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + budget;
+            let write = async {
+                for m in queued {
+                    if channel.send(m).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout_at(until, write).await;
+            channel.close(code, &detail);
+            while !channel.close_sent() && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    }
+
     /// Closes every stream after flushing it (bounded); the handles resolve when closed.
     fn close_all(&mut self, code: CloseCode, detail: &str) -> Vec<JoinHandle<()>> {
         let budget = self.session.config.teardown_budget / 2;
@@ -807,7 +1075,9 @@ impl Driver {
                         .with_evidence(evidence),
                 );
                 self.abort_epoch(epoch, reason);
-                self.cancel_link(epoch, rank, CloseCode::ABORTED);
+                // `evicted`: the receiver was declared absent (SPEC.md, "Codes"). A frozen
+                // peer reads it from its data links when it resumes, and stops.
+                self.cancel_link(epoch, rank, CloseCode::EVICTED);
             }
             Event::PeerDeparted {
                 epoch, rank, code, ..
@@ -816,7 +1086,13 @@ impl Driver {
                     // A graceful leave: operations already in flight finish or fail on the
                     // link itself (its departure arrives after its data, in order), so they
                     // are not cut short here; later operations fail on the departed link.
+                    // Links still being built to it never will be.
                     Shared::lock(&self.shared.departed).insert((epoch, rank));
+                    for hooks in self.live_epochs() {
+                        if hooks.epoch == epoch && hooks.building {
+                            hooks.ctx.abort(AbortReason::PeerDeparted { rank, code });
+                        }
+                    }
                 } else {
                     let reason = AbortReason::PeerDeparted { rank, code };
                     self.shared.record_error(
@@ -826,11 +1102,55 @@ impl Driver {
                 }
             }
             Event::Revoked { epoch, origin } => {
-                let reason = AbortReason::Revoked {
-                    origin: Some(origin),
+                // A revoke that follows a graceful leave under running operations (see
+                // `on_data_departed`) names the departure: that is what happened.
+                // Known from the control plane, or from this member's own link to the one
+                // that left (its departure reaches every peer's link directly; the revoke
+                // may overtake the control plane's word of it).
+                let on_links = self
+                    .live_epochs()
+                    .into_iter()
+                    .filter(|h| h.epoch == epoch)
+                    .flat_map(|h| {
+                        h.links
+                            .iter()
+                            .filter(|l| {
+                                matches!(
+                                    l.failure(),
+                                    Some(LinkError::PeerDeparted {
+                                        code: CloseCode::NORMAL | CloseCode::LEFT,
+                                        ..
+                                    })
+                                )
+                            })
+                            .map(|l| l.peer())
+                            .collect::<Vec<_>>()
+                    })
+                    .min();
+                let departed = Shared::lock(&self.shared.departed)
+                    .iter()
+                    .filter(|(e, _)| *e == epoch)
+                    .map(|(_, r)| *r)
+                    .min()
+                    .or(on_links);
+                let reason = match departed {
+                    Some(rank) => AbortReason::PeerDeparted {
+                        rank,
+                        code: CloseCode::NORMAL,
+                    },
+                    None => AbortReason::Revoked {
+                        origin: Some(origin),
+                    },
                 };
-                self.shared
-                    .record_error(Error::new(ErrorKind::Revoked, reason.to_string()));
+                let error = match departed {
+                    Some(rank) => Error::new(ErrorKind::PeerDeparted, reason.to_string())
+                        .with_peer(rank)
+                        .with_evidence(Evidence::Departed {
+                            code: CloseCode::NORMAL,
+                        }),
+                    None => Error::new(ErrorKind::Revoked, reason.to_string()),
+                };
+                self.shared.record_error(error);
                 self.abort_epoch(epoch, reason);
             }
             Event::Evicted { epoch, cause } => {
@@ -971,7 +1291,9 @@ impl Driver {
             .filter(|p| p.pid != me && crate::host::is_local(&self.session.host, &p.host))
         {
             let (rank, pid, tx) = (peer.rank, peer.pid, self.me.clone());
-            self.watches.push(tokio::spawn(async move {
+            // On the session's runtime: the first epoch's watches are set up by
+            // `Driver::new`, on the application's thread, which has no runtime.
+            self.watches.push(self.session.handle.spawn(async move {
                 match ProcessWatch::open(pid) {
                     Ok(watch) => {
                         if watch.exited().await.is_err() {

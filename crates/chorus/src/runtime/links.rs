@@ -4,7 +4,9 @@
 //! The lower rank of each pair connects and the higher accepts, so every pair has exactly
 //! one connection. A peer that has not yet set up the epoch (it learned of it a moment
 //! later) refuses with `unknown-comm`; the connector retries until the deadline, which is
-//! what turns "not yet" into "not at all".
+//! what turns "not yet" into "not at all". A peer that dies meanwhile is declared absent by
+//! the control plane, which aborts the build (the caller races it with the epoch's
+//! context) rather than letting it wait for the deadline.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,7 +85,7 @@ async fn connect(
         let result = tokio::time::timeout_at(tokio_instant(deadline), attempt).await;
         match result {
             Ok(Ok(link)) => return Ok(link),
-            Ok(Err(e)) if not_yet(&e) && Instant::now() + pause < deadline => {
+            Ok(Err(e)) if retryable(&e) && Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(100));
             }
@@ -114,6 +116,13 @@ async fn accept(
         )),
         Err(_) => Err(timeout(comm, epoch, peer, "waiting for")),
     }
+}
+
+/// Worth another try: the peer does not serve the epoch yet, or the connection failed
+/// below the protocol (refused, reset: the peer is not listening yet, or died — which the
+/// control plane decides, aborting the build if so; see `build_epoch`).
+fn retryable(e: &TransportError) -> bool {
+    not_yet(e) || matches!(e.code(), CloseCode::INTERNAL)
 }
 
 /// The peer refused because it does not serve this communicator or epoch yet.

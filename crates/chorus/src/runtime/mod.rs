@@ -36,6 +36,11 @@ use crate::error::{Error, ErrorKind};
 pub(crate) use clock::Clock;
 use registry::Registry;
 
+/// The longest `destroy` waits for the control endpoint's remaining closes to leave the
+/// process (the member streams' closes are awaited one by one before this, see
+/// `lineage::Chan::close`; this covers the rest: data connections over QUIC, strays).
+const QUIC_DRAIN_MAX: Duration = Duration::from_millis(20);
+
 /// One control thread and the endpoints it serves.
 pub(crate) struct Session {
     pub(crate) config: Config,
@@ -53,7 +58,10 @@ pub(crate) struct Session {
     pub(crate) registry: Arc<Registry>,
     /// Distinguishes this process's incarnation in peer tables.
     pub(crate) incarnation: u64,
-    stop: Mutex<Option<oneshot::Sender<()>>>,
+    /// Communicators alive on this session: the last one to be destroyed stops it.
+    live: std::sync::atomic::AtomicUsize,
+    /// Stops the control thread; with a deadline, it first lets the endpoint's closes out.
+    stop: Mutex<Option<oneshot::Sender<Option<Instant>>>>,
     exited: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
@@ -93,10 +101,20 @@ impl Session {
                     match Session::bind(config, secret, stop_tx).await {
                         Ok((session, listener)) => {
                             session.spawn_accept_loops(listener);
+                            let quic = session.quic.clone();
                             let _ = ready_tx.send(Ok(session.clone()));
                             drop(session);
                             // Serve until the last communicator lets the session go.
-                            let _ = stop_rx.await;
+                            if let Ok(Some(deadline)) = stop_rx.await {
+                                // Departure is a message: the closes must leave before
+                                // the process may (principle 1), within the budget.
+                                quic.close(CloseCode::NORMAL, "session closed");
+                                let _ = tokio::time::timeout_at(
+                                    tokio_instant(deadline),
+                                    quic.wait_idle(),
+                                )
+                                .await;
+                            }
                         }
                         Err(e) => {
                             let _ = ready_tx.send(Err(e));
@@ -128,7 +146,7 @@ impl Session {
     async fn bind(
         config: Config,
         secret: JobSecret,
-        stop: oneshot::Sender<()>,
+        stop: oneshot::Sender<Option<Instant>>,
     ) -> Result<(Arc<Session>, Option<TcpListener>), Error> {
         let transport_error = |what: &str, e: TransportError| {
             Error::new(ErrorKind::Transport, format!("{what}: {e}"))
@@ -136,9 +154,29 @@ impl Session {
         let identity =
             Identity::generate().map_err(|e| transport_error("cannot make a certificate", e))?;
         let registry = Arc::new(Registry::default());
+        // Each endpoint admits only the roles it serves (SPEC.md 5.2: anything else is a
+        // protocol violation): the QUIC endpoint control streams, and data streams only
+        // when data goes over QUIC; the TCP listener data streams only.
+        let data_over_quic = config.transport == TransportChoice::Quic;
         let admission: chorus_transport::Admission = {
             let registry = registry.clone();
-            Arc::new(move |comm, epoch, role| registry.admit(comm, epoch, role))
+            Arc::new(move |comm, epoch, role| match role {
+                Role::Data if !data_over_quic => Err((
+                    CloseCode::PROTOCOL_VIOLATION,
+                    "data streams go to the data listener".into(),
+                )),
+                role => registry.admit(comm, epoch, role),
+            })
+        };
+        let data_admission: chorus_transport::Admission = {
+            let registry = registry.clone();
+            Arc::new(move |comm, epoch, role| match role {
+                Role::Data => registry.admit(comm, epoch, role),
+                _ => Err((
+                    CloseCode::PROTOCOL_VIOLATION,
+                    "the data listener serves data streams only".into(),
+                )),
+            })
         };
         let tcfg = transport_config(&config);
         let liveness = Liveness {
@@ -163,7 +201,7 @@ impl Session {
                 let tcp = TcpTransport::new(tcfg, secret.clone())
                     .map_err(|e| transport_error("cannot start the TCP transport", e))?;
                 let listener = tcp
-                    .listen(SocketAddr::new(config.bind, 0), admission)
+                    .listen(SocketAddr::new(config.bind, 0), data_admission)
                     .await
                     .map_err(|e| transport_error("cannot listen for data links", e))?;
                 let addr = listener.local_addr();
@@ -184,10 +222,26 @@ impl Session {
             tcp,
             data_addr,
             registry,
+            live: std::sync::atomic::AtomicUsize::new(0),
             stop: Mutex::new(Some(stop)),
             exited: Mutex::new(None),
         });
         Ok((session, listener))
+    }
+
+    /// A communicator now runs on this session.
+    pub(crate) fn enter(&self) {
+        self.live.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// A communicator on this session is gone.
+    pub(crate) fn leave(&self) {
+        self.live.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// How many communicators run on this session.
+    pub(crate) fn live(&self) -> usize {
+        self.live.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// This member's entry in a peer table.
@@ -303,11 +357,17 @@ impl Session {
     /// Stops the control thread, waiting for it at most `budget`; a thread that does not
     /// stop in time is left behind with a warning rather than waited on (principle 3).
     pub(crate) fn shutdown(&self, budget: Duration) {
-        self.quic.close(CloseCode::NORMAL, "session closed");
+        // The control thread closes the endpoint and waits (bounded) for the closes to
+        // leave: they go out at the endpoint's next turn, but nothing says when they did,
+        // short of the connections' whole drain period (three probe timeouts, long after a
+        // peer stalled), so the wait is capped. A little of the budget is kept for the
+        // thread itself to end.
+        let drain = Instant::now() + budget.saturating_sub(budget / 8).min(QUIC_DRAIN_MAX);
         if let Ok(mut stop) = self.stop.lock()
             && let Some(stop) = stop.take()
+            && stop.send(Some(drain)).is_err()
         {
-            let _ = stop.send(());
+            self.quic.close(CloseCode::NORMAL, "session closed");
         }
         let exited = self.exited.lock().ok().and_then(|mut e| e.take());
         if let Some(exited) = exited
@@ -323,7 +383,7 @@ impl Drop for Session {
         if let Ok(mut stop) = self.stop.lock()
             && let Some(stop) = stop.take()
         {
-            let _ = stop.send(());
+            let _ = stop.send(None);
         }
     }
 }

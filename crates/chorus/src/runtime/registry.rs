@@ -123,7 +123,7 @@ impl Registry {
                 .map(|(_, r)| *r)
                 .ok_or((CloseCode::UNKNOWN_COMM, format!("{comm} has no epoch"))),
             Role::Bootstrap => Err((
-                CloseCode::UNKNOWN_COMM,
+                CloseCode::PROTOCOL_VIOLATION,
                 "this member is not a bootstrap root".into(),
             )),
         }

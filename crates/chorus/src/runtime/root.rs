@@ -5,7 +5,10 @@
 //! that called [`RootHost::start`] and handed the token out, or rank 0 of a launch that
 //! only names an address (torchrun's `MASTER_ADDR:MASTER_PORT`) — on its own thread, so it
 //! answers whatever that process is doing. After bootstrap it keeps the peer table, which
-//! is what lets a launcher tell the job that a rank's process exited (`witness_exit`).
+//! is what lets a launcher tell the job that a rank's process exited (`witness_exit`), and
+//! what it hands a status client (`chorus status`, SPEC section 13) that knows only the
+//! token: a `StatusRequest` on a `Status` stream is answered with the table, so the client
+//! can then ask every member.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -14,7 +17,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use chorus_control::Rendezvous;
-use chorus_protocol::message::{Evidence, Message, Notice, PeerInfo, Role, Verdict, Welcome};
+use chorus_protocol::message::{
+    Evidence, Message, Notice, PeerInfo, Role, StatusReply, Verdict, Welcome,
+};
 use chorus_protocol::{CloseCode, CommId, Envelope, Epoch, JobSecret, Rank};
 use chorus_transport::{
     Admission, ControlChannel, Fingerprint, Identity, Liveness, QuicEndpoint, TransportError,
@@ -246,9 +251,11 @@ fn bind(
     let transport =
         |what: &str, e: TransportError| Error::new(ErrorKind::Transport, format!("{what}: {e}"));
     let identity = Identity::generate().map_err(|e| transport("root certificate", e))?;
-    // Only bootstrap streams of this communicator at epoch 0 are admitted.
+    // Only bootstrap streams of this communicator at epoch 0, and status clients of it, are
+    // admitted.
     let admission: Admission = Arc::new(move |c, epoch, role| {
-        if c == comm && epoch == Epoch(0) && role == Role::Bootstrap {
+        let bootstrap = epoch == Epoch(0) && role == Role::Bootstrap;
+        if c == comm && (bootstrap || role == Role::Status) {
             Ok(Rank::NONE)
         } else {
             Err((
@@ -307,6 +314,9 @@ async fn serve(
         tokio::select! {
             _ = &mut stop => break,
             accepted = quic.accept(Duration::from_secs(3600)) => match accepted {
+                Ok(conn) if conn.role() == Role::Status => {
+                    tokio::spawn(answer_status(conn.into_control(), world, members.clone()));
+                }
                 Ok(conn) => {
                     let id = next;
                     next += 1;
@@ -365,6 +375,50 @@ async fn serve(
             store(&members, welcome);
         }
     }
+}
+
+/// How long a status stream may stay silent before the root closes it.
+const STATUS_IDLE: Duration = Duration::from_secs(60);
+/// How long one status reply may take to be written (a stuck client cannot hold the root).
+const STATUS_SEND: Duration = Duration::from_secs(5);
+
+/// Answers `StatusRequest`s on one status stream, in order, until the client closes it or
+/// stays silent past [`STATUS_IDLE`]. The root is not a member: it has no ledger and no
+/// flight recorder, only the world size and, once bootstrap finished, the peer table (an
+/// empty table means the ranks have not all joined yet).
+async fn answer_status(ch: ControlChannel, world: u32, members: Arc<Mutex<Option<Vec<PeerInfo>>>>) {
+    loop {
+        let frame = match tokio::time::timeout(STATUS_IDLE, ch.recv()).await {
+            Ok(Ok(frame)) => frame,
+            Ok(Err(_)) | Err(_) => break,
+        };
+        let Message::StatusRequest(request) = frame.message else {
+            continue;
+        };
+        let table = if request.with_members {
+            members
+                .lock()
+                .ok()
+                .and_then(|m| m.clone())
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let reply = Message::StatusReply(StatusReply {
+            rank: Rank::NONE,
+            epoch: Epoch(0),
+            world,
+            peers: Vec::new(),
+            ops: Vec::new(),
+            async_error: None,
+            members: table,
+        });
+        match tokio::time::timeout(STATUS_SEND, ch.send(reply)).await {
+            Ok(Ok(())) => {}
+            _ => break,
+        }
+    }
+    ch.close(CloseCode::NORMAL, "status stream idle");
 }
 
 fn store(members: &Mutex<Option<Vec<PeerInfo>>>, welcome: &Welcome) {
