@@ -133,8 +133,12 @@ pub struct Overrides {
 /// [`crate::select`] for the measurements behind the defaults.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Thresholds {
-    /// All-reduce: recursive doubling below this size.
+    /// All-reduce: recursive doubling below this size (worlds of more than two).
     pub all_reduce_doubling_below: usize,
+    /// All-reduce in a world of two: recursive doubling (one exchange of the whole buffer,
+    /// pipelined) below this size, the ring (two dependent phases per chunk, half the
+    /// reduction work) at or above it.
+    pub all_reduce_pair_doubling_below: usize,
     /// All-reduce: halving-doubling below this size (and at or above the doubling bound),
     /// in worlds of more than two.
     pub all_reduce_halving_below: usize,
@@ -161,7 +165,8 @@ impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
             all_reduce_doubling_below: 64 << 10,
-            all_reduce_halving_below: 1 << 20,
+            all_reduce_pair_doubling_below: 1 << 20,
+            all_reduce_halving_below: 4 << 20,
             tree_below: 256 << 10,
             all_gather_bruck_below: 64 << 10,
             reduce_scatter_halving_below: 1 << 20,

@@ -12,7 +12,6 @@
 //! [`Context::aborted`] is an executor-agnostic future (a registered [`Waker`], no runtime)
 //! that every wait inside an operation races.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -22,6 +21,8 @@ use std::task::{Context as TaskContext, Poll, Waker};
 
 use chorus_protocol::message::Evidence;
 use chorus_protocol::{CloseCode, Collective, OpSeq, Rank};
+
+use crate::idmap::IdMap;
 
 /// A node of the abort tree. Cloning gives another handle to the same node.
 #[derive(Clone)]
@@ -146,8 +147,8 @@ struct Node {
 #[derive(Default)]
 struct NodeState {
     next_key: u64,
-    children: HashMap<u64, std::sync::Weak<Node>>,
-    wakers: HashMap<u64, Waker>,
+    children: IdMap<u64, std::sync::Weak<Node>>,
+    wakers: IdMap<u64, Waker>,
 }
 
 impl Node {

@@ -92,6 +92,19 @@ pub trait Device: Send + Sync + 'static {
         self.scale(mem, off, len, dtype, 1.0 / f64::from(divisor))
     }
 
+    /// `src[off..][..len]` as host bytes a link can write directly (see
+    /// [`crate::link::Link::send_bytes`]), when this device's memory is host memory;
+    /// `None` (the default) otherwise, and the engine packs a payload instead.
+    fn host_bytes<'m>(
+        &self,
+        src: &'m Self::Mem,
+        off: usize,
+        len: usize,
+    ) -> Option<Result<&'m [u8], DeviceError>> {
+        let _ = (src, off, len);
+        None
+    }
+
     /// A payload holding a copy of `src[off..][..len]`, for a link to send.
     fn pack(&self, src: &Self::Mem, off: usize, len: usize) -> Result<Self::Payload, DeviceError>;
 

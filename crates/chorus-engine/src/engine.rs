@@ -30,6 +30,7 @@ use crate::config::{Algorithm, EngineConfig};
 use crate::context::{AbortReason, Context};
 use crate::device::Device;
 use crate::error::{EngineError, OpError, OpErrorKind};
+use crate::idmap::IdMap;
 use crate::link::Link;
 use crate::op::{Buffer, Op, Reduction};
 use crate::progress::{OpObserver, OpProgress};
@@ -56,7 +57,7 @@ pub struct Engine<D: Device, L: Link<D::Payload> + ?Sized> {
     /// Next point-to-point sequence per (direction is send, peer).
     p2p_seq: Mutex<HashMap<(bool, u32), u64>>,
     poison: Mutex<Option<Arc<OpError>>>,
-    running: Mutex<HashMap<u64, Arc<OpProgress>>>,
+    running: Mutex<IdMap<u64, Arc<OpProgress>>>,
     next_id: AtomicU64,
     observer: Option<Arc<dyn OpObserver>>,
 }
@@ -153,7 +154,7 @@ where
             next_seq: AtomicU64::new(0),
             p2p_seq: Mutex::new(HashMap::new()),
             poison: Mutex::new(None),
-            running: Mutex::new(HashMap::new()),
+            running: Mutex::new(IdMap::default()),
             next_id: AtomicU64::new(0),
             observer: None,
         })

@@ -1,5 +1,5 @@
-//! The host [`Device`]: CPU memory as `[u8]`, `Bytes` payloads, reductions from
-//! [`crate::kernel`].
+//! The host [`Device`]: CPU memory as `[u8]`, `Bytes` payloads (in recycled buffers, see
+//! `pool.rs`), reductions from [`crate::kernel`].
 
 use std::ops::{Deref, DerefMut};
 
@@ -8,6 +8,7 @@ use chorus_protocol::{DType, ReduceOp};
 
 use crate::device::{Device, DeviceError};
 use crate::kernel;
+use crate::pool;
 
 /// CPU memory. Stateless; share it freely.
 #[derive(Copy, Clone, Default, Debug)]
@@ -131,8 +132,17 @@ impl Device for HostDevice {
         kernel::divide(region_mut(mem, off, len)?, dtype, divisor)
     }
 
+    fn host_bytes<'m>(
+        &self,
+        src: &'m [u8],
+        off: usize,
+        len: usize,
+    ) -> Option<Result<&'m [u8], DeviceError>> {
+        Some(region(src, off, len))
+    }
+
     fn pack(&self, src: &[u8], off: usize, len: usize) -> Result<Bytes, DeviceError> {
-        Ok(Bytes::copy_from_slice(region(src, off, len)?))
+        Ok(pool::copy(region(src, off, len)?))
     }
 
     fn payload_len(&self, payload: &Bytes) -> usize {

@@ -45,6 +45,17 @@ pub trait Link<P = Bytes>: Send + Sync {
     /// Hand `payload` to the link for the peer, under `tag`.
     fn send(&self, tag: Tag, payload: P) -> LinkFuture<'_, ()>;
 
+    /// Hand the host bytes `data` to the link for the peer, under `tag`, without the caller
+    /// first copying them into a payload: a link that can write them at once does, and
+    /// copies only what it could not write into a buffer it owns. Resolves, like `send`,
+    /// once the link owns the bytes; a future dropped while still pending has put nothing
+    /// on the wire, so the caller may fall back to `send`. `None` (the default) means this
+    /// link takes only payloads.
+    fn send_bytes<'a>(&'a self, tag: Tag, data: &'a [u8]) -> Option<LinkFuture<'a, ()>> {
+        let _ = (tag, data);
+        None
+    }
+
     /// The payload the peer sends under `tag`.
     fn recv(&self, tag: Tag) -> LinkFuture<'_, P>;
 

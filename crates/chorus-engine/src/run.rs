@@ -23,11 +23,10 @@
 //! waiting on tags the other never sends. The schedule step, which says where the algorithm
 //! is, goes to progress and errors.
 
-use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Poll, Waker};
 
 use chorus_protocol::{Collective, DType, OpSeq, Rank, ReduceOp};
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -35,6 +34,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use crate::context::Aborted;
 use crate::device::{Device, DeviceError};
 use crate::error::{OpError, OpErrorKind};
+use crate::idmap::IdMap;
 use crate::link::{Link, LinkError, LinkFuture, Tag};
 use crate::progress::OpProgress;
 
@@ -56,6 +56,39 @@ struct Flow {
     credits_out: u32,
 }
 
+/// Flow state per peer of one operation. Most operations talk to a handful of peers
+/// (two in a ring, `log2 n` in doubling), so a short list searched in order beats hashing;
+/// past [`Flows::FEW`] peers (all-to-all, gather) a map takes over.
+#[derive(Default)]
+struct Flows {
+    few: Vec<(u32, Flow)>,
+    many: IdMap<u32, Flow>,
+}
+
+impl Flows {
+    const FEW: usize = 16;
+
+    /// The flow towards and from `peer`, created empty on first use.
+    fn get(&mut self, peer: u32) -> &mut Flow {
+        if let Some(i) = self.few.iter().position(|(p, _)| *p == peer) {
+            return &mut self.few[i].1;
+        }
+        if self.few.len() < Self::FEW {
+            self.few.push((peer, Flow::default()));
+            let last = self.few.len() - 1;
+            return &mut self.few[last].1;
+        }
+        self.many.entry(peer).or_default()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u32, &Flow)> {
+        self.few
+            .iter()
+            .map(|(p, f)| (*p, f))
+            .chain(self.many.iter().map(|(p, f)| (*p, f)))
+    }
+}
+
 pub(crate) struct Run<'e, D: Device, L: ?Sized> {
     pub(crate) dev: &'e D,
     links: &'e [Option<Arc<L>>],
@@ -70,8 +103,10 @@ pub(crate) struct Run<'e, D: Device, L: ?Sized> {
     pub(crate) dtype: DType,
     progress: Arc<OpProgress>,
     aborted: Aborted,
-    sends: FuturesUnordered<SendFut<'e>>,
-    flows: HashMap<u32, Flow>,
+    /// Sends the link has not finished taking (most finish when first polled and never
+    /// get here); created on first use.
+    sends: Option<FuturesUnordered<SendFut<'e>>>,
+    flows: Flows,
     /// The output buffer has been written to.
     touched: bool,
     at_step: Option<u32>,
@@ -116,8 +151,8 @@ where
             dtype,
             aborted: progress.context().aborted(),
             progress,
-            sends: FuturesUnordered::new(),
-            flows: HashMap::new(),
+            sends: None,
+            flows: Flows::default(),
             touched: false,
             at_step: None,
             at_peer: None,
@@ -139,6 +174,14 @@ where
             return Err(self.invalid("schedule has too many steps"));
         }
         Ok(configured.max(max_elems.div_ceil(max_chunks)))
+    }
+
+    /// How many chunks a schedule may send to a peer ahead of what it has received from
+    /// it, without ever waiting on credit while the peer waits on it too: `depth - grant`.
+    /// A rank blocked on credit at chunk `c + ahead` then has a peer that has not consumed
+    /// chunk `c - grant`, so that peer is not itself blocked sending (see the module note).
+    pub(crate) fn lookahead(&self) -> usize {
+        (self.depth - self.grant) as usize
     }
 
     /// Publish the schedule's step count.
@@ -207,9 +250,11 @@ where
             if let Poll::Ready(reason) = Pin::new(&mut *aborted).poll(cx) {
                 return Poll::Ready(Err(Failure::Aborted(reason)));
             }
-            while let Poll::Ready(Some((to, s, r))) = sends.poll_next_unpin(cx) {
-                if let Err(e) = r {
-                    return Poll::Ready(Err(Failure::Send(to, s, e)));
+            if let Some(sends) = sends.as_mut() {
+                while let Poll::Ready(Some((to, s, r))) = sends.poll_next_unpin(cx) {
+                    if let Err(e) = r {
+                        return Poll::Ready(Err(Failure::Send(to, s, e)));
+                    }
                 }
             }
             fut.as_mut().poll(cx).map(|r| r.map_err(Failure::Link))
@@ -245,9 +290,57 @@ where
         payload: D::Payload,
     ) -> Result<(), OpError> {
         let link = self.link(peer)?;
+        let tag = self.admit(link, peer, step, offset).await?;
+        self.post(link, peer, tag, payload, step)
+    }
+
+    /// [`Run::send`] of `mem[off..][..len]`: handed to the link as borrowed host bytes
+    /// when both the device and the link allow it (the link writes them, so the bytes are
+    /// never copied into a payload first), packed into a payload otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn send_from(
+        &mut self,
+        peer: u32,
+        step: u32,
+        offset: usize,
+        mem: &D::Mem,
+        off: usize,
+        len: usize,
+    ) -> Result<(), OpError> {
+        let link = self.link(peer)?;
+        let tag = self.admit(link, peer, step, offset).await?;
+        if let Some(bytes) = self.dev.host_bytes(mem, off, len) {
+            let bytes = bytes.map_err(|e| self.device(e))?;
+            if let Some(mut fut) = link.send_bytes(tag, bytes) {
+                // The borrow of `mem` ends here: a link that cannot take the bytes at once
+                // (its send window is full) has written nothing, and gets a payload below.
+                match fut
+                    .as_mut()
+                    .poll(&mut std::task::Context::from_waker(Waker::noop()))
+                {
+                    Poll::Ready(Ok(())) => return Ok(()),
+                    Poll::Ready(Err(e)) => {
+                        return Err(self.failure(Failure::Send(Rank(peer), step, e)));
+                    }
+                    Poll::Pending => {}
+                }
+            }
+        }
+        let payload = self.pack(mem, off, len)?;
+        self.post(link, peer, tag, payload, step)
+    }
+
+    /// Waits for flow-control credit towards `peer` and numbers the next payload to it.
+    async fn admit(
+        &mut self,
+        link: &'e L,
+        peer: u32,
+        step: u32,
+        offset: usize,
+    ) -> Result<Tag, OpError> {
         self.at_step = Some(step);
         let index = loop {
-            let flow = self.flows.entry(peer).or_default();
+            let flow = self.flows.get(peer);
             if flow.sent < u64::from(flow.credits_in) * self.grant + self.depth {
                 flow.sent += 1;
                 break flow.sent - 1;
@@ -255,22 +348,41 @@ where
             let n = flow.credits_in + 1;
             self.claim_credit(link, peer, n).await?;
         };
-        self.post(link, peer, self.tag(index as u32, offset), payload, step);
-        Ok(())
+        Ok(self.tag(index as u32, offset))
     }
 
     async fn claim_credit(&mut self, link: &'e L, peer: u32, n: u32) -> Result<(), OpError> {
         let tag = self.tag(CREDIT | n, 0);
         let fut = link.recv(tag);
         self.wait(None, peer, fut).await?;
-        self.flows.entry(peer).or_default().credits_in = n;
+        self.flows.get(peer).credits_in = n;
         Ok(())
     }
 
-    fn post(&mut self, link: &'e L, peer: u32, tag: Tag, payload: D::Payload, step: u32) {
-        let fut = link.send(tag, payload);
-        self.sends
-            .push(Box::pin(async move { (Rank(peer), step, fut.await) }));
+    /// Hands `payload` to the link. A link takes most payloads at once (written or
+    /// queued), so the send is polled here first and only kept for later if it waits.
+    fn post(
+        &mut self,
+        link: &'e L,
+        peer: u32,
+        tag: Tag,
+        payload: D::Payload,
+        step: u32,
+    ) -> Result<(), OpError> {
+        let mut fut = link.send(tag, payload);
+        match fut
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(Ok(())) => Ok(()),
+            Poll::Ready(Err(e)) => Err(self.failure(Failure::Send(Rank(peer), step, e))),
+            Poll::Pending => {
+                self.sends
+                    .get_or_insert_with(FuturesUnordered::new)
+                    .push(Box::pin(async move { (Rank(peer), step, fut.await) }));
+                Ok(())
+            }
+        }
     }
 
     /// Receive the data payload `peer` sends at schedule step `step`, which must be `len`
@@ -283,21 +395,21 @@ where
         len: usize,
     ) -> Result<D::Payload, OpError> {
         let link = self.link(peer)?;
-        let index = self.flows.entry(peer).or_default().consumed as u32;
+        let index = self.flows.get(peer).consumed as u32;
         let fut = link.recv(self.tag(index, offset));
         let payload = self.wait(Some(step), peer, fut).await?;
         let got = self.dev.payload_len(&payload);
         if got != len {
             return Err(self.error(OpErrorKind::SizeMismatch { expected: len, got }));
         }
-        let flow = self.flows.entry(peer).or_default();
+        let flow = self.flows.get(peer);
         flow.consumed += 1;
         if flow.consumed.is_multiple_of(self.grant) {
             flow.credits_out += 1;
             let n = flow.credits_out;
             let tag = self.tag(CREDIT | n, 0);
             let empty = self.empty()?;
-            self.post(link, peer, tag, empty, step);
+            self.post(link, peer, tag, empty, step)?;
         }
         Ok(payload)
     }
@@ -308,7 +420,7 @@ where
         let mut owed: Vec<(u32, u32)> = self
             .flows
             .iter()
-            .filter_map(|(&peer, f)| {
+            .filter_map(|(peer, f)| {
                 let total = u32::try_from(f.sent / self.grant).unwrap_or(u32::MAX);
                 (total > f.credits_in).then_some((peer, total))
             })
@@ -316,15 +428,14 @@ where
         owed.sort_unstable();
         for (peer, total) in owed {
             let link = self.link(peer)?;
-            let mut n = self.flows.get(&peer).map_or(0, |f| f.credits_in);
+            let mut n = self.flows.get(peer).credits_in;
             while n < total {
                 n += 1;
                 self.claim_credit(link, peer, n).await?;
             }
         }
-        while !self.sends.is_empty() {
+        while let Some(sends) = self.sends.as_mut().filter(|s| !s.is_empty()) {
             let aborted = &mut self.aborted;
-            let sends = &mut self.sends;
             let r = poll_fn(|cx| {
                 if let Poll::Ready(reason) = Pin::new(&mut *aborted).poll(cx) {
                     return Poll::Ready(Err(Failure::Aborted(reason)));

@@ -1,41 +1,39 @@
 //! Algorithm selection by collective, size and world.
 //!
-//! Defaults come from the in-process all-reduce benchmark (`benches/engine_allreduce.rs`);
-//! see [`crate::config::Thresholds`] for the knobs. Over a real network the latency terms are
-//! larger, which moves the crossovers up; the runtime may override them per transport.
+//! The all-reduce defaults come from ranks as processes over real TCP links (the data-plane
+//! benchmark, `benches/benches/dataplane`), which is where they matter: there the latency
+//! terms are socket round trips and the bandwidth terms are copies through the kernel, and
+//! the crossovers sit higher than between threads (`benches/engine_allreduce.rs`, kept for
+//! the in-process picture).
 //!
-//! # Measured crossovers (in-process all-reduce, f32 sum)
+//! # Measured crossovers (loopback TCP, io_uring, f32 sum, median of 3 interleaved runs)
 //!
-//! `cargo bench -p chorus-benches --bench engine_allreduce`, ranks as threads over
-//! `chorus_engine::local` links on a shared 2-core machine (so every rank's compute and every
-//! hand-off competes for the same two cores: latency terms are thread wake-ups, tens of µs).
-//! Time per all-reduce, best algorithm in bold:
+//! `cargo bench -p chorus-benches --bench dataplane -- case -n N -b S -e S --algo A`, on a
+//! 2-core machine shared with other builds (load average 6–7, so ±50% run to run); wall
+//! time per all-reduce, best in bold:
 //!
-//! | ranks | size    | ring     | recursive doubling | halving-doubling |
-//! |-------|---------|----------|--------------------|------------------|
-//! | 2     | 1 KiB   | 31 µs    | **12 µs**          | 42 µs            |
-//! | 2     | 4 KiB   | 27 µs    | **12 µs**          | 22 µs            |
-//! | 2     | 64 KiB  | **23 µs**| 27 µs              | 32 µs            |
-//! | 2     | 1 MiB   | 182 µs*  | 312 µs             | 173 µs           |
-//! | 4     | 16 KiB  | 99 µs    | **29 µs**          | 64 µs            |
-//! | 4     | 64 KiB  | 92 µs    | **63 µs**          | 70 µs            |
-//! | 4     | 256 KiB | 176 µs   | 127 µs             | **98 µs**        |
-//! | 4     | 1 MiB   | 339 µs   | 458 µs             | **228 µs**       |
-//! | 4     | 4 MiB   | 2444 µs  | 3338 µs            | **995 µs**       |
-//! | 8     | 16 KiB  | 197 µs   | **99 µs**          | 144 µs           |
-//! | 8     | 64 KiB  | 218 µs   | **119 µs**         | 146 µs           |
-//! | 8     | 256 KiB | 320 µs   | 358 µs             | **193 µs**       |
-//! | 8     | 1 MiB   | **768 µs** | 1364 µs          | 920 µs           |
-//! | 8     | 4 MiB   | **3597 µs** | 14284 µs        | 6111 µs          |
+//! | ranks | size    | ring        | recursive doubling | halving-doubling |
+//! |-------|---------|-------------|--------------------|------------------|
+//! | 2     | 16 KiB  | 28 µs       | **5 µs**           | 29 µs            |
+//! | 2     | 64 KiB  | 35 µs       | **30 µs**          | 37 µs            |
+//! | 2     | 256 KiB | 91–144 µs   | **55–71 µs**       | 94–147 µs        |
+//! | 2     | 1 MiB   | 830 µs      | 778 µs             | 1003 µs          |
+//! | 2     | 4 MiB   | **1060 µs** | 3134 µs            | 2617 µs          |
+//! | 2     | 16 MiB  | **6.3 ms**  | 20.9 ms            |                  |
+//! | 4     | 64 KiB  | 301 µs      | 299 µs             | **175 µs**       |
+//! | 4     | 256 KiB | 1235 µs     | 951 µs             | **476 µs**       |
+//! | 4     | 1 MiB   | 3878 µs     | 3863 µs            | **1318 µs**      |
+//! | 4     | 2 MiB   | 4325 µs     |                    | **3488 µs**      |
+//! | 4     | 4 MiB   | **7.6 ms**  | 22.6 ms            | 12.8 ms          |
+//! | 4     | 8 MiB   | **17.7 ms** |                    | 20.2 ms          |
 //!
-//! (*: the same ring run through the default selection measured 102 µs; run-to-run noise on
-//! this shared machine is up to ±50%.) Hence the defaults: recursive doubling below 64 KiB,
-//! halving-doubling from 64 KiB to 1 MiB, the pipelined ring above; in a world of two,
-//! halving-doubling degenerates to the ring's exchange with more overhead, so the ring takes
-//! over directly. The broadcast/reduce (binomial tree below 256 KiB), all-gather (Bruck
-//! below 64 KiB) and reduce-scatter (recursive halving below 1 MiB) crossovers were not
-//! measured separately; they follow the same latency-versus-bandwidth argument and the
-//! all-reduce figures, and are configuration like the others.
+//! Hence: in a world of two, recursive doubling (a single pipelined exchange) below 1 MiB
+//! and the ring from there (it reduces half as much and its two phases pipeline by chunk);
+//! in larger worlds recursive doubling below 64 KiB, halving-doubling below 4 MiB, the ring
+//! above. The broadcast/reduce (binomial tree below 256 KiB), all-gather (Bruck below
+//! 64 KiB) and reduce-scatter (recursive halving below 1 MiB) crossovers were not measured
+//! separately; they follow the same latency-versus-bandwidth argument and are configuration
+//! like the others.
 
 use chorus_protocol::Collective;
 
@@ -58,6 +56,14 @@ pub fn select(
         if bytes < below { fast } else { Algorithm::Ring }
     };
     match collective {
+        Collective::AllReduce if world == 2 => {
+            o.all_reduce
+                .unwrap_or(if bytes < t.all_reduce_pair_doubling_below {
+                    Algorithm::RecursiveDoubling
+                } else {
+                    Algorithm::Ring
+                })
+        }
         Collective::AllReduce => o
             .all_reduce
             .unwrap_or(if bytes < t.all_reduce_doubling_below {
@@ -99,6 +105,19 @@ mod tests {
         );
         assert_eq!(
             select(Collective::AllReduce, 64 << 20, 8, &c),
+            Algorithm::Ring
+        );
+        // A world of two has no halving-doubling step: one exchange, then the ring.
+        assert_eq!(
+            select(Collective::AllReduce, 256 << 10, 2, &c),
+            Algorithm::RecursiveDoubling
+        );
+        assert_eq!(
+            select(Collective::AllReduce, 256 << 10, 4, &c),
+            Algorithm::HalvingDoubling
+        );
+        assert_eq!(
+            select(Collective::AllReduce, 1 << 20, 2, &c),
             Algorithm::Ring
         );
         assert_eq!(

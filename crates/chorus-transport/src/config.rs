@@ -72,8 +72,8 @@ pub struct TransportConfig {
     pub max_chunk: u32,
     /// Budget for the departure frame on `cancel` before the connection is shut regardless.
     pub depart_timeout: Duration,
-    /// Size of each registered io_uring buffer slot (receives of headers and small frames,
-    /// sends of small frames).
+    /// Size of each registered io_uring buffer slot (the ring's sends of small frames that
+    /// could not be written directly).
     pub uring_slot: usize,
     /// Number of registered buffer slots per ring.
     pub uring_slots: u16,
@@ -84,6 +84,14 @@ pub struct TransportConfig {
     /// receive that arrives within the window, at the cost of a busy core while it lasts;
     /// zero never spins.
     pub busy_poll: Duration,
+    /// How long a TCP `recv` that finds nothing held reads the socket itself (non-blocking,
+    /// yielding the core between tries) before it parks and leaves the socket to the
+    /// progress thread. A message that lands within the window reaches the caller with no
+    /// thread hop, which is most of a small message's latency; the cost is a caller that
+    /// polls for up to this long, and an operation whose abort is noticed up to this much
+    /// later. Each link narrows its window (to a sixteenth of this) while spins keep
+    /// missing, and widens it back as they catch. Zero parks at once.
+    pub recv_spin: Duration,
 }
 
 impl Default for TransportConfig {
@@ -103,6 +111,7 @@ impl Default for TransportConfig {
             uring_slots: 64,
             uring_entries: 256,
             busy_poll: Duration::ZERO,
+            recv_spin: Duration::from_micros(50),
         }
     }
 }

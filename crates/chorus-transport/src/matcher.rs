@@ -7,6 +7,7 @@
 //! fails, so `cancel` reaches every pending operation at once.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use chorus_engine::link::{LinkError, Tag};
@@ -27,6 +28,8 @@ pub(crate) struct Matcher {
     held_limit: u64,
     window: Semaphore,
     window_bytes: u32,
+    /// Sends waiting in the window's queue.
+    queued: AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -39,10 +42,85 @@ struct State {
     waiters: HashMap<Key, VecDeque<Waiter>>,
 }
 
+impl State {
+    fn take(&mut self, tag: &Tag) -> Option<Result<Bytes, LinkError>> {
+        if let Some(LinkError::Cancelled(r)) = &self.terminal {
+            return Some(Err(LinkError::Cancelled(r.clone())));
+        }
+        let k = key(tag);
+        if let Some(q) = self.held.get_mut(&k)
+            && let Some((got, payload)) = q.pop_front()
+        {
+            if q.is_empty() {
+                self.held.remove(&k);
+            }
+            self.held_bytes -= payload.len() as u64;
+            return Some(if got == *tag {
+                Ok(payload)
+            } else {
+                Err(LinkError::TagMismatch {
+                    expected: *tag,
+                    got,
+                })
+            });
+        }
+        self.terminal.clone().map(Err)
+    }
+}
+
+/// A registered receive (see [`Matcher::register`]).
+pub(crate) struct Waiting<'m> {
+    matcher: &'m Matcher,
+    rx: oneshot::Receiver<Result<Bytes, LinkError>>,
+}
+
+impl Waiting<'_> {
+    /// The result, if it has arrived.
+    pub(crate) fn try_result(&mut self) -> Option<Result<Bytes, LinkError>> {
+        match self.rx.try_recv() {
+            Ok(result) => Some(result),
+            Err(oneshot::error::TryRecvError::Empty) => None,
+            Err(oneshot::error::TryRecvError::Closed) => Some(Err(self.lost())),
+        }
+    }
+
+    fn lost(&self) -> LinkError {
+        // The sender side lives in the map until delivered or failed; a dropped sender
+        // means the whole link state went away.
+        self.matcher
+            .terminal()
+            .unwrap_or_else(|| LinkError::ConnectionLost {
+                detail: "link state dropped".into(),
+            })
+    }
+}
+
+impl std::future::Future for Waiting<'_> {
+    type Output = Result<Bytes, LinkError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|r| r.unwrap_or_else(|_| Err(self.lost())))
+    }
+}
+
 #[derive(Debug)]
 struct Waiter {
     tag: Tag,
     tx: oneshot::Sender<Result<Bytes, LinkError>>,
+}
+
+/// Counts a send waiting in the window's queue for as long as it waits (or is dropped).
+struct Queued<'a>(&'a AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Credit for bytes handed to the wire, returned with [`Matcher::release`] once written.
@@ -58,6 +136,7 @@ impl Matcher {
             held_limit,
             window: Semaphore::new(window_bytes as usize),
             window_bytes,
+            queued: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
         }
     }
@@ -97,45 +176,45 @@ impl Matcher {
 
     /// The payload sent under `tag`'s `(op, step)`.
     pub(crate) async fn recv(&self, tag: Tag) -> Result<Bytes, LinkError> {
-        let rx = {
-            let mut st = self.state.lock();
-            if let Some(LinkError::Cancelled(r)) = &st.terminal {
-                return Err(LinkError::Cancelled(r.clone()));
-            }
-            let k = key(&tag);
-            if let Some(q) = st.held.get_mut(&k)
-                && let Some((got, payload)) = q.pop_front()
-            {
-                if q.is_empty() {
-                    st.held.remove(&k);
-                }
-                st.held_bytes -= payload.len() as u64;
-                return if got == tag {
-                    Ok(payload)
-                } else {
-                    Err(LinkError::TagMismatch { expected: tag, got })
-                };
-            }
-            if let Some(err) = &st.terminal {
-                return Err(err.clone());
-            }
-            let (tx, rx) = oneshot::channel();
-            st.waiters
-                .entry(k)
-                .or_default()
-                .push_back(Waiter { tag, tx });
-            rx
-        };
-        match rx.await {
-            Ok(result) => result,
-            // The sender side lives in the map until delivered or failed; a dropped sender
-            // means the whole link state went away.
-            Err(_) => Err(self
-                .terminal()
-                .unwrap_or_else(|| LinkError::ConnectionLost {
-                    detail: "link state dropped".into(),
-                })),
+        match self.register(tag) {
+            Ok(waiting) => waiting.await,
+            Err(ready) => ready,
         }
+    }
+
+    /// The payload for `tag` if it is held, or the link's failure; `None` while neither has
+    /// happened. Never registers anything, so a caller may ask again and again (a receive
+    /// that reads the socket itself before it parks).
+    pub(crate) fn take(&self, tag: &Tag) -> Option<Result<Bytes, LinkError>> {
+        let mut st = self.state.lock();
+        st.take(tag)
+    }
+
+    /// Like [`Matcher::take`], but when there is nothing yet, registers a waiter that
+    /// [`Matcher::deliver`] or [`Matcher::fail`] completes: `Ok(waiting)`; `Err(result)`
+    /// when the result is already here.
+    pub(crate) fn register(&self, tag: Tag) -> Result<Waiting<'_>, Result<Bytes, LinkError>> {
+        let mut st = self.state.lock();
+        if let Some(ready) = st.take(&tag) {
+            return Err(ready);
+        }
+        let (tx, rx) = oneshot::channel();
+        st.waiters
+            .entry(key(&tag))
+            .or_default()
+            .push_back(Waiter { tag, tx });
+        Ok(Waiting { matcher: self, rx })
+    }
+
+    /// Whether a registered `recv` is still waiting (dropped ones are pruned): the progress
+    /// thread keeps reading the socket for them.
+    pub(crate) fn has_waiters(&self) -> bool {
+        let mut st = self.state.lock();
+        st.waiters.retain(|_, q| {
+            q.retain(|w| !w.tx.is_closed());
+            !q.is_empty()
+        });
+        !st.waiters.is_empty()
     }
 
     /// A payload arrived under `tag`. Errors with `Overflow` when the held bytes pass the
@@ -197,7 +276,20 @@ impl Matcher {
         let n = u32::try_from(len)
             .unwrap_or(u32::MAX)
             .min(self.window_bytes);
-        match self.window.acquire_many(n).await {
+        // The window is rarely full: take the permits without building a waiting future,
+        // unless someone queued before us (the semaphore's queue is first come, first
+        // served, and so must the stream be).
+        if self.queued.load(Ordering::SeqCst) == 0
+            && let Ok(permit) = self.window.try_acquire_many(n)
+        {
+            permit.forget();
+            return Ok(Credit(n));
+        }
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        let acquired = Queued(&self.queued);
+        let result = self.window.acquire_many(n).await;
+        drop(acquired);
+        match result {
             Ok(permit) => {
                 permit.forget();
                 Ok(Credit(n))

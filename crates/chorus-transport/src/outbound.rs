@@ -109,6 +109,22 @@ impl OutFrame {
         ]
     }
 
+    /// Completes a frame from [`Outbound::admit_len`] whose first `written` bytes (of the
+    /// head, then of `data`, the whole payload) are on the wire: the rest of `data` is copied
+    /// into a payload the frame owns, and the frame resumes where the wire stopped.
+    pub(crate) fn rest_of(&mut self, data: &[u8], written: usize) {
+        let head = self.head.len();
+        if written < head {
+            self.payload = Bytes::copy_from_slice(data);
+            self.off = written;
+        } else {
+            // The frame now holds only the unwritten tail of the payload; its offset says
+            // the head is done, so what is left to write is exactly that tail.
+            self.payload = Bytes::copy_from_slice(data.get(written - head..).unwrap_or_default());
+            self.off = head;
+        }
+    }
+
     /// Returns the frame's send-window credit, whatever became of the frame.
     pub(crate) fn release(mut self, matcher: &Matcher) {
         if let Some(credit) = self.credit.take() {
@@ -171,6 +187,40 @@ impl Outbound {
                 code: CloseCode::PROTOCOL_VIOLATION,
                 detail: format!("cannot send: {e}"),
             })
+    }
+
+    /// [`Outbound::admit`] for a payload of `len` bytes the caller still holds: the frame
+    /// comes back with its head numbered and an empty payload, which the caller fills (see
+    /// [`OutFrame::rest_of`]) with whatever of its bytes the wire has not taken.
+    pub(crate) fn admit_len(
+        &mut self,
+        matcher: &Matcher,
+        tag: &Tag,
+        len: usize,
+    ) -> Result<OutFrame, LinkError> {
+        if self.closing {
+            return Err(matcher
+                .terminal()
+                .unwrap_or_else(|| LinkError::ConnectionLost {
+                    detail: "link is closing".into(),
+                }));
+        }
+        let header = ChunkHeader::new(tag.collective, tag.dtype, tag.op, tag.step, tag.offset);
+        let rewind = self.encoder.clone();
+        let mut head = BytesMut::with_capacity(chorus_protocol::HEADER_LEN + ChunkHeader::LEN);
+        self.encoder
+            .encode_chunk_prefix(&self.me, &header, len, &mut head)
+            .map_err(|e| LinkError::Protocol {
+                code: CloseCode::PROTOCOL_VIOLATION,
+                detail: format!("cannot send: {e}"),
+            })?;
+        Ok(OutFrame {
+            head: head.freeze(),
+            payload: Bytes::new(),
+            off: 0,
+            credit: None,
+            rewind: Some(rewind),
+        })
     }
 
     /// Nothing queued and the writer not busy: a caller may write to the wire itself.
@@ -330,6 +380,38 @@ mod tests {
         assert!(o.pop().is_some());
         assert!(o.pop().is_none());
         assert!(o.is_idle());
+    }
+
+    #[test]
+    fn a_borrowed_payload_resumes_where_the_wire_stopped() {
+        let data: Vec<u8> = (0..100u8).collect();
+        for written in [0, 10, 64, 64 + 30, 64 + 100] {
+            let mut o = outbound();
+            let m = Matcher::new(chorus_protocol::Rank(0), 1 << 20, 1 << 20);
+            let t = Tag {
+                collective: Collective::AllReduce,
+                op: OpSeq(1),
+                step: 0,
+                offset: 0,
+                dtype: DType::U8,
+            };
+            let mut f = o.admit_len(&m, &t, data.len()).unwrap();
+            let head = f.head.clone();
+            assert!(written <= head.len() + data.len());
+            let mut wire = BytesMut::new();
+            wire.extend_from_slice(&head[..written.min(head.len())]);
+            wire.extend_from_slice(&data[..written.saturating_sub(head.len())]);
+            f.rest_of(&data, written);
+            let (h, p) = f.rest();
+            wire.extend_from_slice(h);
+            wire.extend_from_slice(p);
+            let mut d = Decoder::with_gate(Gate::Open, Limits::DEFAULT);
+            d.push(&wire);
+            match d.next().unwrap().unwrap().message {
+                Message::Chunk(Chunk { payload, .. }) => assert_eq!(&payload[..], &data[..]),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -86,6 +86,14 @@ async fn transfer(a: &TcpLink, b: &TcpLink, op: u64, len: usize) {
     assert!(r.unwrap() == payload, "payload of {len} bytes corrupted");
 }
 
+/// Drives `f` on this thread, as an application thread calling a blocking collective does.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
 fn departed(seen: Seen) -> (CloseCode, String) {
     match seen {
         Seen::Frame(f) => match f.message {
@@ -711,6 +719,109 @@ mod suite {
         transfer(&a, &b, 1, 1 << 20).await;
     }
 
+    /// Borrowed bytes (`send_bytes`) arrive intact whether the socket takes them whole or
+    /// only in part: what it does not take is copied before the send resolves, so the
+    /// caller may reuse its buffer at once, even while the peer has not read a byte.
+    pub(crate) async fn borrowed_sends_arrive_intact_whole_or_in_part(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
+        let mut l = listener(&t).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let sizes = [0, 1, 100, 65_536, 1 << 20, 24 << 20];
+        for (op, len) in sizes.into_iter().enumerate() {
+            let mut data = pattern(len, op as u8).to_vec();
+            let fut = a
+                .send_bytes(tag(op as u64, 0), &data)
+                .expect("TCP links take borrowed bytes");
+            fut.await.unwrap();
+            // The link owns what it did not write: scribbling over the source now must not
+            // change what arrives (24 MiB cannot fit the socket buffers unread).
+            data.iter_mut().for_each(|b| *b = !*b);
+        }
+        for (op, len) in sizes.into_iter().enumerate() {
+            let got = tokio::time::timeout(WAIT, b.recv(tag(op as u64, 0)))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(got == pattern(len, op as u8), "{len} bytes corrupted");
+        }
+        // Borrowed and owned sends share one stream, in order.
+        a.send(tag(100, 0), pattern(10, 1)).await.unwrap();
+        a.send_bytes(tag(100, 1), &pattern(10, 2))
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(b.recv(tag(100, 0)).await.unwrap(), pattern(10, 1));
+        assert_eq!(b.recv(tag(100, 1)).await.unwrap(), pattern(10, 2));
+    }
+
+    /// A `recv` that parks at once is woken by the progress thread, again after the
+    /// backend stopped watching the socket (nobody was waiting); a `recv` that spins reads
+    /// the socket itself, so a message arriving within its window completes it long before
+    /// the window ends, and a cancel ends the spin at once.
+    pub(crate) async fn parked_and_spinning_receives_both_deliver(backend: Backend) {
+        let parking = TransportConfig {
+            recv_spin: Duration::ZERO,
+            ..config(backend)
+        };
+        let Some((t, _)) = transport(backend, Some(parking)) else {
+            return;
+        };
+        let mut l = listener(&t).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let (a, b) = (std::sync::Arc::new(a), std::sync::Arc::new(b));
+        for op in 0..3 {
+            let pending = tokio::spawn({
+                let b = b.clone();
+                async move { b.recv(tag(op, 0)).await }
+            });
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            a.send(tag(op, 0), pattern(100, op as u8)).await.unwrap();
+            let got = tokio::time::timeout(WAIT, pending).await.unwrap().unwrap();
+            assert_eq!(got.unwrap(), pattern(100, op as u8));
+        }
+
+        let window = Duration::from_secs(5);
+        let spinning = TransportConfig {
+            recv_spin: window,
+            ..config(backend)
+        };
+        let (t, _) = transport(backend, Some(spinning)).unwrap();
+        let mut l = listener(&t).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let b = std::sync::Arc::new(b);
+        let started = Instant::now();
+        let receiver = std::thread::spawn({
+            let b = b.clone();
+            move || block_on(b.recv(tag(1, 0)))
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        a.send(tag(1, 0), pattern(100, 1)).await.unwrap();
+        let got = tokio::task::spawn_blocking(move || receiver.join().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(got.unwrap(), pattern(100, 1));
+        assert!(
+            started.elapsed() < window / 2,
+            "the spinning recv waited {:?}",
+            started.elapsed()
+        );
+        let started = Instant::now();
+        let receiver = std::thread::spawn({
+            let b = b.clone();
+            move || block_on(b.recv(tag(2, 0)))
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let reason = CancelReason::new(CloseCode::ABORTED, "while spinning");
+        b.cancel(reason.clone());
+        let got = tokio::task::spawn_blocking(move || receiver.join().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(got, Err(LinkError::Cancelled(reason)));
+        assert!(started.elapsed() < window / 2, "{:?}", started.elapsed());
+    }
+
     /// Cancel while a large send is part-way out to a peer that does not read: ops fail at
     /// once, the connection is shut within the departure budget, and teardown is bounded.
     pub(crate) async fn cancel_mid_frame_is_bounded(backend: Backend) {
@@ -857,6 +968,14 @@ macro_rules! backend_suite {
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn cancel_mid_frame_is_bounded() { suite::cancel_mid_frame_is_bounded($backend).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn borrowed_sends_arrive_intact_whole_or_in_part() {
+                suite::borrowed_sends_arrive_intact_whole_or_in_part($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn parked_and_spinning_receives_both_deliver() {
+                suite::parked_and_spinning_receives_both_deliver($backend).await
+            }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_links_wire_is_the_specs() { suite::a_links_wire_is_the_specs($backend).await }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -96,9 +96,15 @@ where
     let chunks = out.len.div_ceil(ce);
     for c in 0..chunks {
         let (s, l) = cut(out.len, ce, c);
-        let p = run.pack(mem, (out.start + s) * es, l * es)?;
-        run.send(to, step(phase, k, c), out.tag_base + s * es, p)
-            .await?;
+        run.send_from(
+            to,
+            step(phase, k, c),
+            out.tag_base + s * es,
+            mem,
+            (out.start + s) * es,
+            l * es,
+        )
+        .await?;
         let q = run
             .recv(from, step(phase, k, c), inn.tag_base + s * es, l * es)
             .await?;

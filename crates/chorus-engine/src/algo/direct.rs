@@ -25,8 +25,8 @@ where
     run.plan(k);
     for c in 0..k {
         let (s, l) = cut(count, ce, c);
-        let p = run.pack(buf, s * es, l * es)?;
-        run.send(peer, c as u32, s * es, p).await?;
+        run.send_from(peer, c as u32, s * es, buf, s * es, l * es)
+            .await?;
     }
     Ok(())
 }

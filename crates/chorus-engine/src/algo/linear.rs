@@ -30,9 +30,16 @@ where
         run.plan(k);
         for c in 0..k {
             let (cs, cl) = cut(count, ce, c);
-            let p = run.pack(buf.send(), cs * es, cl * es)?;
-            run.send(root as u32, step(0, k, c), r * block + cs * es, p)
-                .await?;
+            let tag_off = r * block + cs * es;
+            run.send_from(
+                root as u32,
+                step(0, k, c),
+                tag_off,
+                buf.send(),
+                cs * es,
+                cl * es,
+            )
+            .await?;
         }
         return Ok(());
     }
@@ -89,8 +96,8 @@ where
         for c in 0..k {
             let (cs, cl) = cut(count, ce, c);
             let off = i * block + cs * es;
-            let p = run.pack(buf.send(), off, cl * es)?;
-            run.send(i as u32, step(0, k, c), off, p).await?;
+            run.send_from(i as u32, step(0, k, c), off, buf.send(), off, cl * es)
+                .await?;
         }
     }
     if let Buffer::Separate { send, recv } = &mut buf {

@@ -49,10 +49,16 @@ pub(crate) enum Land {
     Copy,
 }
 
-/// Send `out` to `peer` and receive `inn` from it, chunk by chunk (one send then one
-/// receive per chunk), within one buffer, as phase `phase` of a schedule with `k` chunks per
-/// phase and `ce` elements per chunk. `output` says whether `mem` is the user's output (for
-/// the partial-output flag).
+/// Send `out` to `peer` and receive `inn` from it, chunk by chunk, within one buffer, as
+/// phase `phase` of a schedule with `k` chunks per phase and `ce` elements per chunk.
+/// `output` says whether `mem` is the user's output (for the partial-output flag).
+///
+/// Sends run up to [`Run::lookahead`] chunks ahead of the receives, so several chunks are
+/// on the wire each way instead of one (a chunk's transfer overlaps the landing of the
+/// previous one). Both ends still send and receive in chunk order, which is what the tags
+/// count. Ahead-of-time packing reads regions no earlier chunk lands in when the spans are
+/// the same or disjoint; for other overlaps it would not, and the exchange goes one chunk at
+/// a time.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn exchange<D, L>(
     run: &mut Run<'_, D, L>,
@@ -73,12 +79,27 @@ where
     let es = run.es();
     let ko = out.map_or(0, |s| s.len.div_ceil(ce));
     let ki = inn.map_or(0, |s| s.len.div_ceil(ce));
+    let ahead = match (out, inn) {
+        (Some(o), Some(i)) if !same_or_disjoint(o, i) => 0,
+        _ => run.lookahead(),
+    };
+    let mut sent = 0;
     for c in 0..ko.max(ki) {
-        if let Some(o) = out.filter(|_| c < ko) {
-            let (s, l) = cut(o.len, ce, c);
-            let p = run.pack(mem, (o.start + s) * es, l * es)?;
-            run.send(peer, step(phase, k, c), o.tag_base + s * es, p)
+        if let Some(o) = out {
+            while sent < ko && sent <= c + ahead {
+                let (s, l) = cut(o.len, ce, sent);
+                let tag_off = o.tag_base + s * es;
+                run.send_from(
+                    peer,
+                    step(phase, k, sent),
+                    tag_off,
+                    mem,
+                    (o.start + s) * es,
+                    l * es,
+                )
                 .await?;
+                sent += 1;
+            }
         }
         if let Some(i) = inn.filter(|_| c < ki) {
             let (s, l) = cut(i.len, ce, c);
@@ -96,6 +117,13 @@ where
         }
     }
     Ok(())
+}
+
+/// Whether two spans of one buffer are the same region or share no element.
+fn same_or_disjoint(a: Span, b: Span) -> bool {
+    (a.start == b.start && a.len == b.len)
+        || a.start + a.len <= b.start
+        || b.start + b.len <= a.start
 }
 
 /// Part `i` of `total` elements split into `parts` nearly equal parts (the first

@@ -47,8 +47,8 @@ where
         for c in 0..k {
             let (cs, cl) = cut(count, ce, c);
             let off = to * block + cs * es;
-            let p = run.pack(input, off, cl * es)?;
-            run.send(to as u32, step(s - 1, k, c), off, p).await?;
+            run.send_from(to as u32, step(s - 1, k, c), off, input, off, cl * es)
+                .await?;
             let tag_off = r * block + cs * es;
             let q = run
                 .recv(from as u32, step(s - 1, k, c), tag_off, cl * es)

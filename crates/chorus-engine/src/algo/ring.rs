@@ -60,8 +60,8 @@ where
     for c in 0..k {
         let (off, len) = chunk(send_seg(0), c);
         if len > 0 {
-            let p = run.pack(mem, off, len)?;
-            run.send(right, step(0, k, c), off, p).await?;
+            run.send_from(right, step(0, k, c), off, mem, off, len)
+                .await?;
         }
         for t in 0..phases {
             // The segment received at step t is the one sent at step t+1.
@@ -77,8 +77,8 @@ where
                     run.divide(mem, off, len, n as u32)?;
                 }
                 if t + 1 < phases {
-                    let q = run.pack(mem, off, len)?;
-                    run.send(right, step(t + 1, k, c), off, q).await?;
+                    run.send_from(right, step(t + 1, k, c), off, mem, off, len)
+                        .await?;
                 }
             } else {
                 run.unpack(mem, off, &p)?;
@@ -165,8 +165,8 @@ where
                     run.scale(&mut scratch, 0, len, s)?;
                 }
                 run.unpack_reduce(&mut scratch, 0, &p, op)?;
-                let q = run.pack(&scratch, 0, len)?;
-                run.send(right, step(t + 1, k, c), off, q).await?;
+                run.send_from(right, step(t + 1, k, c), off, &scratch, 0, len)
+                    .await?;
             }
         }
     }
@@ -204,8 +204,8 @@ where
     for c in 0..k {
         let (off, len) = chunk(r, c);
         if len > 0 {
-            let p = run.pack(mem, off, len)?;
-            run.send(right, step(0, k, c), off, p).await?;
+            run.send_from(right, step(0, k, c), off, mem, off, len)
+                .await?;
         }
         for t in 0..phases {
             let (off, len) = chunk((r + 2 * n - t - 1) % n, c);
@@ -248,8 +248,8 @@ where
         let (s, l) = cut(count, ce, c);
         let (off, len) = (s * es, l * es);
         if vr == 0 {
-            let p = run.pack(mem, off, len)?;
-            run.send(next, step(0, k, c), off, p).await?;
+            run.send_from(next, step(0, k, c), off, mem, off, len)
+                .await?;
         } else {
             let p = run.recv(prev, step(0, k, c), off, len).await?;
             run.touch();

@@ -1,60 +1,94 @@
 //! The epoll backend: a reader task and a writer task per connection on the progress
 //! thread's tokio runtime. Same semantics as the io_uring backend; the shared test suite
 //! runs against both.
+//!
+//! The socket is registered with tokio's epoll for output only, so arriving data never
+//! wakes the progress thread by itself. A `recv` reads the socket on its own thread before
+//! it parks (see `reader.rs`); only a `recv` about to park asks the reader task to watch for
+//! input, which it does through a duplicate descriptor registered for input (epoll reports
+//! data already there at registration, so nothing is missed) and drops again once nobody
+//! waits: the io_uring ring's one-shot poll, in epoll terms.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use chorus_protocol::{Decoder, Envelope};
 use parking_lot::Mutex;
 use tokio::io::Interest;
-use tokio::net::TcpStream;
+use tokio::io::unix::AsyncFd;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::reader::{Pumped, Reader};
 use super::socket;
-use crate::inbound::{self, Flow};
+use crate::inbound;
 use crate::matcher::Matcher;
 use crate::outbound::{self, Next, OutFrame, Outbound};
 
 /// The link's handle on its connection's tasks.
 #[derive(Debug)]
 pub(crate) struct EpollConn {
-    stream: Arc<TcpStream>,
+    fd: Arc<OwnedFd>,
     wake: Arc<Notify>,
+    watch: Arc<Watch>,
+}
+
+/// Between callers and the reader task: requests to watch for input, and the end.
+#[derive(Debug, Default)]
+struct Watch {
+    asked: Notify,
+    /// One-way: the connection is shut; the reader task ends.
+    ended: AtomicBool,
+}
+
+impl Watch {
+    fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        self.asked.notify_one();
+    }
+
+    fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
 }
 
 impl EpollConn {
+    /// Starts the connection's tasks; call inside the progress runtime (`Handle::enter`).
     pub(crate) fn start(
         handle: &Handle,
-        stream: TcpStream,
-        decoder: Decoder,
-        matcher: Arc<Matcher>,
+        fd: Arc<OwnedFd>,
+        reader: Arc<Reader>,
         outbound: Arc<Mutex<Outbound>>,
-        peer: Envelope,
         depart_timeout: Duration,
-    ) -> Self {
-        let stream = Arc::new(stream);
+    ) -> io::Result<Self> {
         let wake = Arc::new(Notify::new());
+        let watch = Arc::new(Watch::default());
+        let matcher = reader.matcher().clone();
+        // SAFETY: the `Arc<OwnedFd>` keeps the descriptor open, and it names the same socket,
+        // for as long as the `AsyncFd` (the writer task) holds it.
+        let out = unsafe { AsyncFd::register_with_interest(fd.clone(), Interest::WRITABLE) }?;
+        let input = fd.try_clone()?;
+        // Watch until the first reading, so an early departure is seen.
+        reader.set_watching(true);
         handle.spawn(read_loop(
-            stream.clone(),
-            decoder,
-            matcher.clone(),
+            input,
+            reader,
             outbound.clone(),
             wake.clone(),
-            peer,
+            watch.clone(),
         ));
         handle.spawn(write_loop(
-            stream.clone(),
+            out,
             outbound,
             wake.clone(),
+            watch.clone(),
             matcher,
             depart_timeout,
         ));
-        Self { stream, wake }
+        Ok(Self { fd, wake, watch })
     }
 
     /// Wakes the writer (frames queued or a close requested). `notify_one` stores a permit
@@ -63,8 +97,14 @@ impl EpollConn {
         self.wake.notify_one();
     }
 
+    /// Asks the reader task to watch for input, for a `recv` about to park (a stored
+    /// permit if the task is busy, so no request is lost).
+    pub(crate) fn watch(&self) {
+        self.watch.asked.notify_one();
+    }
+
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
-        self.stream.as_fd()
+        self.fd.as_fd()
     }
 }
 
@@ -80,52 +120,107 @@ fn close(
     }
 }
 
+/// Watches for input while some `recv` waits (and once at the start), reading through the
+/// shared [`Reader`]; between watches the input descriptor is not registered at all.
 async fn read_loop(
-    stream: Arc<TcpStream>,
-    mut decoder: Decoder,
-    matcher: Arc<Matcher>,
+    input: OwnedFd,
+    reader: Arc<Reader>,
     outbound: Arc<Mutex<Outbound>>,
     wake: Arc<Notify>,
-    peer: Envelope,
+    watch: Arc<Watch>,
 ) {
-    loop {
-        loop {
-            let flow = match decoder.next() {
-                Ok(Some(frame)) => inbound::on_frame(&matcher, &peer, frame),
-                Ok(None) => break,
-                Err(e) => inbound::on_decode_error(&matcher, &e),
-            };
-            if let Flow::Close(depart) = flow {
-                close(&outbound, &matcher, &wake, depart);
+    let matcher = reader.matcher().clone();
+    // Bytes read past the handshake may already hold whole frames.
+    if let Pumped::Close(depart) = reader.decode_buffered() {
+        close(&outbound, &matcher, &wake, depart);
+        return;
+    }
+    let mut input = Some(input);
+    let mut first = true;
+    while !watch.is_ended() {
+        if !first {
+            watch.asked.notified().await;
+            if watch.is_ended() {
                 return;
             }
         }
-        let read = loop {
-            if let Err(e) = stream.readable().await {
-                break Err(e);
-            }
-            // Straight into the decoder's buffer, which has room for the whole frame in
-            // progress: a chunk's payload is never copied on the way in.
-            match stream.try_read_buf(decoder.recv_buf()) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                other => break other,
+        first = false;
+        let Some(fd) = input.take() else { return };
+        // SAFETY: the `AsyncFd` owns the `OwnedFd`, which stays open and names the same
+        // socket until `into_inner` hands it back (or the `AsyncFd` is dropped).
+        let registered = match unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) } {
+            Ok(r) => r,
+            Err(e) => {
+                let e = io::Error::from(e);
+                inbound::on_lost(&matcher, format!("watch input: {e}"));
+                close(&outbound, &matcher, &wake, None);
+                return;
             }
         };
-        let detail = match read {
-            Ok(0) => "peer closed the connection without a departure".to_string(),
-            Ok(_) => continue,
-            Err(e) => format!("read: {e}"),
+        reader.set_watching(true);
+        let pumped = watch_input(&registered, &reader, &watch).await;
+        reader.set_watching(false);
+        // Deregisters; the descriptor is kept for the next watch.
+        input = Some(registered.into_inner());
+        match pumped {
+            Ok(Pumped::Close(depart)) => {
+                close(&outbound, &matcher, &wake, depart);
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                inbound::on_lost(&matcher, format!("read: {e}"));
+                close(&outbound, &matcher, &wake, None);
+                return;
+            }
+        }
+    }
+}
+
+/// Reads whenever input is ready until nobody waits any more (`Drained`), the stream ends
+/// (`Close`) or the connection is shut.
+async fn watch_input(
+    registered: &AsyncFd<OwnedFd>,
+    reader: &Reader,
+    watch: &Watch,
+) -> io::Result<Pumped> {
+    loop {
+        let mut ready = tokio::select! {
+            r = registered.readable() => r?,
+            () = watch.asked.notified() => {
+                // A request while watching is already served; an end request ends this.
+                if watch.is_ended() {
+                    return Ok(Pumped::Drained);
+                }
+                continue;
+            }
         };
-        inbound::on_lost(&matcher, detail);
-        close(&outbound, &matcher, &wake, None);
-        return;
+        // Stop watching before looking for waiters, so that a `recv` registering now
+        // either is seen below or sees that it must ask again (see `Reader::wants_watch`).
+        reader.set_watching(false);
+        // `try_io` clears tokio's readiness only when the pass ends in `WouldBlock`, and
+        // never a readiness a newer event set.
+        // A pass that stopped after a large frame (`More`) keeps the readiness: the rest is
+        // read on the next turn, if someone still waits.
+        let pumped = ready.try_io(|_| match reader.pump() {
+            Pumped::Drained | Pumped::Busy => Err(io::ErrorKind::WouldBlock.into()),
+            other => Ok(other),
+        });
+        if let Ok(Ok(Pumped::Close(depart))) = pumped {
+            return Ok(Pumped::Close(depart));
+        }
+        if !reader.matcher().has_waiters() {
+            return Ok(Pumped::Drained);
+        }
+        reader.set_watching(true);
     }
 }
 
 async fn write_loop(
-    stream: Arc<TcpStream>,
+    stream: AsyncFd<Arc<OwnedFd>>,
     outbound: Arc<Mutex<Outbound>>,
     wake: Arc<Notify>,
+    watch: Arc<Watch>,
     matcher: Arc<Matcher>,
     depart_timeout: Duration,
 ) {
@@ -177,7 +272,9 @@ async fn write_loop(
         .await;
     }
     // Principle 1: shutdown before close, so a forked duplicate cannot hide the close.
-    socket::shutdown_of(&*stream);
+    socket::shutdown_of(stream.get_ref());
+    // The reader task holds a duplicate descriptor; it ends now too.
+    watch.end();
 }
 
 enum Stop {
@@ -189,7 +286,7 @@ enum Stop {
 /// Writes the rest of `frame`. Once a close is requested, the frame gets the departure
 /// budget to finish (so the departure can start on a boundary) and no more.
 async fn write_frame(
-    stream: &TcpStream,
+    stream: &AsyncFd<Arc<OwnedFd>>,
     frame: &mut OutFrame,
     outbound: &Mutex<Outbound>,
     wake: &Notify,
@@ -217,11 +314,11 @@ async fn write_frame(
 }
 
 /// One `sendmsg` of what is left of `frame` once the socket is writable.
-async fn write_some(stream: &TcpStream, frame: &OutFrame) -> io::Result<usize> {
+async fn write_some(stream: &AsyncFd<Arc<OwnedFd>>, frame: &OutFrame) -> io::Result<usize> {
     let (head, payload) = frame.rest();
     stream
-        .async_io(Interest::WRITABLE, || {
-            socket::send_vectored(stream.as_fd(), head, payload)
+        .async_io(Interest::WRITABLE, |fd| {
+            socket::send_vectored(fd.as_fd(), head, payload)
         })
         .await
 }

@@ -3,7 +3,9 @@
 
 mod epoll;
 mod link;
+mod reader;
 pub(crate) mod socket;
+mod spin;
 mod uring;
 
 use std::net::SocketAddr;
@@ -31,6 +33,7 @@ use crate::handshake::{self, Greeted};
 use crate::matcher::Matcher;
 use crate::outbound::Outbound;
 use crate::progress::Progress;
+use reader::Reader;
 
 /// The backend a transport actually runs (what `Backend::Auto` resolved to).
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
@@ -296,40 +299,42 @@ impl TcpConnection {
         let cfg = &inner.cfg;
         let matcher = Arc::new(Matcher::new(peer.sender, cfg.held_limit, cfg.send_window));
         let outbound = Arc::new(Mutex::new(Outbound::new(encoder, me)));
-        let io = match &inner.ring {
+        let (io, reader) = match &inner.ring {
             Some(ring) => {
                 let std = stream
                     .into_std()
                     .map_err(TransportError::io("detach socket from tokio"))?;
-                let fd = OwnedFd::from(std);
+                let fd = Arc::new(OwnedFd::from(std));
+                let reader = Arc::new(Reader::new(fd.clone(), decoder, matcher.clone(), peer));
                 let zc = cfg.zero_copy_threshold.effective(addr.ip().is_loopback());
-                link::Io::Uring(ring.attach(
-                    fd,
-                    decoder,
-                    matcher.clone(),
-                    outbound.clone(),
-                    peer,
-                    zc,
-                ))
+                let conn = ring.attach(fd, reader.clone(), outbound.clone(), zc);
+                (link::Io::Uring(conn), reader)
             }
             None => {
                 let _guard = inner.progress.handle().enter();
-                link::Io::Epoll(epoll::EpollConn::start(
+                let std = stream
+                    .into_std()
+                    .map_err(TransportError::io("detach socket from tokio"))?;
+                let fd = Arc::new(OwnedFd::from(std));
+                let reader = Arc::new(Reader::new(fd.clone(), decoder, matcher.clone(), peer));
+                let conn = epoll::EpollConn::start(
                     inner.progress.handle(),
-                    stream,
-                    decoder,
-                    matcher.clone(),
+                    fd,
+                    reader.clone(),
                     outbound.clone(),
-                    peer,
                     cfg.depart_timeout,
-                ))
+                )
+                .map_err(TransportError::io("register socket with epoll"))?;
+                (link::Io::Epoll(conn), reader)
             }
         };
         Ok(TcpLink {
             matcher,
+            reader,
             outbound,
             peer,
             io,
+            spin: spin::SpinBudget::new(cfg.recv_spin),
         })
     }
 

@@ -140,6 +140,41 @@ pub(crate) fn send_vectored(fd: BorrowedFd<'_>, head: &[u8], payload: &[u8]) -> 
     }
 }
 
+/// One non-blocking `recv` into `buf`'s spare capacity (which the caller sized): the bytes
+/// appended, 0 at the end of the stream, or `WouldBlock`.
+pub(crate) fn recv_into(fd: BorrowedFd<'_>, buf: &mut bytes::BytesMut) -> io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    if spare.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            "no room to read into",
+        ));
+    }
+    loop {
+        // SAFETY: `fd` is a live socket for the borrow; the kernel writes at most
+        // `spare.len()` bytes into the spare capacity, which `buf` owns and keeps for the
+        // call.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            let n = n as usize;
+            // SAFETY: the kernel initialised the first `n` bytes of the spare capacity.
+            unsafe { buf.set_len(buf.len() + n) };
+            return Ok(n);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Read;

@@ -1,8 +1,8 @@
 //! The io_uring backend: one ring per progress thread, driven with the `io-uring` crate.
 //!
 //! Every buffer an in-flight submission points to is owned by the ring thread — the
-//! registered slot pool, a connection's decoder buffer or current frame, or a payload
-//! clone kept in the operation table — never by a caller's future. Dropping a `send` or
+//! registered slot pool, a connection's current frame, or a payload clone kept in the
+//! operation table — never by a caller's future. Dropping a `send` or
 //! `recv` future therefore cannot free memory the kernel is writing to: the future only
 //! waits on the link's matcher. The ring's hold on a connection's descriptor ends only
 //! after every operation that names it has completed; cancellation goes through
@@ -10,17 +10,19 @@
 //! prompt. If the ring is stopped with operations still in flight past a bounded wait, the
 //! ring and every buffer are leaked rather than freed under the kernel.
 //!
-//! Receives of headers and small frames go through registered slots (`READ_FIXED`) and are
-//! copied into the protocol decoder; the body of a large frame is received straight into
-//! the decoder's own buffer (`Decoder::recv_buf`), so a chunk payload is neither copied nor
-//! reallocated. Sends: a caller that finds the stream idle writes a small frame itself
-//! (see `link.rs`); the ring writes what is queued behind it, small frames copied into a
+//! Receives are readiness-driven and shared with the link's callers (see `reader.rs`): a
+//! `recv` reads the socket itself before it parks, and only then asks the ring to watch the
+//! socket (a one-shot `POLL_ADD`). When the poll fires, the ring reads what is there with a
+//! non-blocking `recv` straight into the decoder's buffer, and watches again only while
+//! some `recv` still waits; so while callers keep up, arriving data never wakes this
+//! thread. Sends: a caller that finds the stream idle writes its frame itself (see
+//! `link.rs`); the ring writes what is queued behind it, small frames copied into a
 //! registered slot, payloads at or above the zero-copy threshold with `SEND_ZC` from the
 //! caller's own buffer, kept alive until the kernel's notification.
 //!
 //! Before it sleeps in the kernel, the ring thread spins on its completion queue for the
-//! configured `busy_poll`, so a receive that lands within that window skips the wake-up of
-//! a sleeping thread.
+//! configured `busy_poll`, so a completion (a parked receive's poll) that lands within that
+//! window skips the wake-up of a sleeping thread.
 
 use std::collections::HashMap;
 use std::io;
@@ -32,14 +34,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chorus_protocol::message::Depart;
-use chorus_protocol::{Decoder, Envelope};
 use io_uring::types::{CancelBuilder, Fd, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode, squeue};
 use parking_lot::Mutex;
 
+use super::reader::{Pumped, Reader};
 use super::socket;
 use crate::config::TransportConfig;
-use crate::inbound::{self, Flow};
+use crate::inbound;
 use crate::matcher::Matcher;
 use crate::outbound::{self, OutFrame, Outbound};
 
@@ -71,6 +73,10 @@ enum Cmd {
     Kick {
         conn: u64,
     },
+    /// A `recv` is about to park: watch the socket and read for it.
+    Watch {
+        conn: u64,
+    },
     Stop,
 }
 
@@ -78,10 +84,9 @@ struct NewConn {
     id: u64,
     zc_threshold: usize,
     fd: Arc<OwnedFd>,
-    decoder: Decoder,
+    reader: Arc<Reader>,
     matcher: Arc<Matcher>,
     outbound: Arc<Mutex<Outbound>>,
-    peer: Envelope,
 }
 
 /// A link's handle on its connection inside the ring.
@@ -89,6 +94,8 @@ struct NewConn {
 pub(crate) struct UringConn {
     shared: Arc<Shared>,
     id: u64,
+    /// Payloads from this size on go out with `SEND_ZC`.
+    zc_threshold: usize,
     /// Shared with the ring: the descriptor closes when both are done with it, so a
     /// caller's direct write can never hit a descriptor number that was reused.
     fd: Arc<OwnedFd>,
@@ -98,6 +105,15 @@ impl UringConn {
     /// Wakes the ring for this connection's queued frames or close request.
     pub(crate) fn kick(&self) {
         let _ = self.shared.post(Cmd::Kick { conn: self.id });
+    }
+
+    pub(crate) fn zero_copy_from(&self) -> usize {
+        self.zc_threshold
+    }
+
+    /// Asks the ring to watch the socket for a `recv` about to park.
+    pub(crate) fn watch(&self) {
+        let _ = self.shared.post(Cmd::Watch { conn: self.id });
     }
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
@@ -173,23 +189,20 @@ impl Ring {
     /// Hands an established connection to the ring.
     pub(crate) fn attach(
         &self,
-        fd: OwnedFd,
-        decoder: Decoder,
-        matcher: Arc<Matcher>,
+        fd: Arc<OwnedFd>,
+        reader: Arc<Reader>,
         outbound: Arc<Mutex<Outbound>>,
-        peer: Envelope,
         zc_threshold: usize,
     ) -> UringConn {
         let id = self.shared.next_conn.fetch_add(1, Ordering::Relaxed);
-        let fd = Arc::new(fd);
+        let matcher = reader.matcher().clone();
         let new = Box::new(NewConn {
             id,
             zc_threshold,
             fd: fd.clone(),
-            decoder,
+            reader,
             matcher: matcher.clone(),
             outbound: outbound.clone(),
-            peer,
         });
         if let Err(Cmd::Add(new)) = self.shared.post(Cmd::Add(new)) {
             // The ring is gone: close the connection properly and fail the link.
@@ -200,6 +213,7 @@ impl Ring {
         UringConn {
             shared: self.shared.clone(),
             id,
+            zc_threshold,
             fd,
         }
     }
@@ -265,22 +279,14 @@ impl Slots {
     fn ptr(&mut self, slot: u16) -> *mut u8 {
         self.mem[slot as usize * self.size..].as_mut_ptr()
     }
-
-    fn bytes(&self, slot: u16, len: usize) -> &[u8] {
-        let start = slot as usize * self.size;
-        &self.mem[start..start + len.min(self.size)]
-    }
 }
 
 /// An operation in flight, keyed by its `user_data`.
 enum Op {
     /// The eventfd read that wakes the ring for new commands.
     Wake,
-    /// A receive into registered slot `slot`.
-    RecvSlot { conn: u64, slot: u16 },
-    /// A receive straight into the spare capacity of the connection's decoder buffer,
-    /// which held `base` bytes and whose spare capacity started at `at` when armed.
-    RecvInto { conn: u64, base: usize, at: usize },
+    /// A one-shot readiness poll of the connection's socket for input.
+    Poll { conn: u64 },
     /// A send of the connection's current frame, from a registered slot or its own buffers.
     Send { conn: u64 },
     /// A zero-copy send of `keep`'s bytes; retired after the result and every notification.
@@ -300,10 +306,10 @@ struct Conn {
     zc_threshold: usize,
     matcher: Arc<Matcher>,
     outbound: Arc<Mutex<Outbound>>,
-    /// The peer's envelope: the epoch its frames must carry.
-    peer: Envelope,
-    decoder: Decoder,
-    recv: Option<u64>,
+    /// The receiving half, shared with the link's callers.
+    reader: Arc<Reader>,
+    /// The input poll in flight, if the ring is watching the socket.
+    poll: Option<u64>,
     cur: Option<Sending>,
     send: Option<u64>,
     /// Operations naming this connection that have not retired; the descriptor and the
@@ -479,9 +485,6 @@ impl Driver {
             }
         }
         tracing::error!("io_uring submission queue stuck full; dropping an operation");
-        if let Op::RecvSlot { slot, .. } = op {
-            self.slots.give(slot);
-        }
         0
     }
 
@@ -500,10 +503,9 @@ impl Driver {
                     id,
                     zc_threshold,
                     fd,
-                    decoder,
+                    reader,
                     matcher,
                     outbound,
-                    peer,
                 } = *new;
                 self.conns.insert(
                     id,
@@ -512,9 +514,8 @@ impl Driver {
                         zc_threshold,
                         matcher,
                         outbound,
-                        peer,
-                        decoder,
-                        recv: None,
+                        reader,
+                        poll: None,
                         cur: None,
                         send: None,
                         inflight: 0,
@@ -525,13 +526,18 @@ impl Driver {
                     self.request_close(id, None);
                     return;
                 }
-                // Bytes read past the handshake may already hold whole frames.
-                if self.drain_decoder(id) {
-                    self.arm_recv(id);
+                // Bytes read past the handshake may already hold whole frames; then watch
+                // until the first reading, so an early departure is seen.
+                if let Some(c) = self.conns.get(&id) {
+                    match c.reader.decode_buffered() {
+                        Pumped::Close(depart) => self.request_close(id, depart),
+                        Pumped::Drained | Pumped::More | Pumped::Busy => self.arm_poll(id),
+                    }
                 }
                 self.kick(id);
             }
             Cmd::Kick { conn } => self.kick(conn),
+            Cmd::Watch { conn } => self.arm_poll(conn),
             Cmd::Stop => {
                 if self.stopping.is_none() {
                     self.stopping = Some(Instant::now());
@@ -595,38 +601,9 @@ impl Driver {
         match op {
             Op::Wake => self.arm_wake(),
             Op::Cancel => {}
-            Op::RecvSlot { conn, slot } => {
-                if res > 0
-                    && let Some(c) = self.conns.get_mut(&conn)
-                {
-                    c.decoder.push(self.slots.bytes(slot, res as usize));
-                }
-                self.slots.give(slot);
+            Op::Poll { conn } => {
                 self.retire(conn);
-                self.on_recv(conn, res);
-            }
-            Op::RecvInto { conn, base, at } => {
-                let mut res = res;
-                if res > 0
-                    && let Some(c) = self.conns.get_mut(&conn)
-                {
-                    let buf = c.decoder.recv_buf();
-                    let n = res as usize;
-                    // `recv_buf` keeps the buffer in place while its spare capacity covers
-                    // the frame in progress, which nothing changed since the arm; check
-                    // anyway rather than trust it with memory the kernel wrote.
-                    let spare = buf.capacity() - buf.len();
-                    if buf.len() == base && buf.as_ptr() as usize + base == at && n <= spare {
-                        // SAFETY: the kernel initialised `n` bytes of the spare capacity
-                        // we passed, which is still this buffer's spare capacity.
-                        unsafe { buf.set_len(base + n) };
-                    } else {
-                        tracing::error!("decoder buffer moved under a receive; failing link");
-                        res = -libc::EIO;
-                    }
-                }
-                self.retire(conn);
-                self.on_recv(conn, res);
+                self.on_poll(conn, res);
             }
             Op::Send { conn } => {
                 self.retire(conn);
@@ -673,81 +650,48 @@ impl Driver {
         self.maybe_reap(conn);
     }
 
-    fn on_recv(&mut self, id: u64, res: i32) {
+    /// The input poll fired (or failed): read what is there for the waiting `recv`s, and
+    /// watch again only while one still waits.
+    fn on_poll(&mut self, id: u64, res: i32) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        c.recv = None;
+        c.poll = None;
+        c.reader.set_watching(false);
         if c.closing.is_some() {
             return;
         }
-        if res <= 0 {
-            let detail = if res == 0 {
-                "peer closed the connection without a departure".to_string()
-            } else {
-                format!("recv: {}", io::Error::from_raw_os_error(-res))
-            };
-            inbound::on_lost(&c.matcher, detail);
+        let reader = c.reader.clone();
+        if res < 0 && res != -libc::ECANCELED {
+            let detail = format!("poll: {}", io::Error::from_raw_os_error(-res));
+            inbound::on_lost(reader.matcher(), detail);
             self.request_close(id, None);
             return;
         }
-        if self.drain_decoder(id) {
-            self.arm_recv(id);
-        }
-    }
-
-    /// Decodes every whole frame buffered; false if the connection is now closing.
-    fn drain_decoder(&mut self, id: u64) -> bool {
-        let Some(c) = self.conns.get_mut(&id) else {
-            return false;
-        };
-        loop {
-            let flow = match c.decoder.next() {
-                Ok(Some(frame)) => inbound::on_frame(&c.matcher, &c.peer, frame),
-                Ok(None) => return true,
-                Err(e) => inbound::on_decode_error(&c.matcher, &e),
-            };
-            if let Flow::Close(depart) = flow {
-                self.request_close(id, depart);
-                return false;
+        match reader.pump() {
+            Pumped::Close(depart) => self.request_close(id, depart),
+            // After `More` the poll fires again at once if someone still waits.
+            Pumped::Drained | Pumped::More | Pumped::Busy => {
+                if reader.matcher().has_waiters() {
+                    self.arm_poll(id);
+                }
             }
         }
     }
 
-    fn arm_recv(&mut self, id: u64) {
-        let slot_size = self.slots.size;
+    /// Watches the socket for input with a one-shot poll, unless one is in flight.
+    fn arm_poll(&mut self, id: u64) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        if c.recv.is_some() || c.closing.is_some() {
+        if c.poll.is_some() || c.closing.is_some() {
             return;
         }
-        let fd = c.fd.as_raw_fd();
-        let slot = if c.decoder.wanted() <= slot_size {
-            self.slots.take()
-        } else {
-            None
-        };
-        let (entry, op) = match slot {
-            Some(slot) => {
-                let ptr = self.slots.ptr(slot);
-                let e = opcode::ReadFixed::new(Fd(fd), ptr, slot_size as u32, slot).build();
-                (e, Op::RecvSlot { conn: id, slot })
-            }
-            None => {
-                // Room for the whole frame in progress (bounded by the checked limits).
-                let buf = c.decoder.recv_buf();
-                let base = buf.len();
-                let at = buf.as_ptr() as usize + base;
-                let spare = buf.spare_capacity_mut();
-                let len = spare.len().min(1 << 30) as u32;
-                let e = opcode::Recv::new(Fd(fd), spare.as_mut_ptr().cast(), len).build();
-                (e, Op::RecvInto { conn: id, base, at })
-            }
-        };
-        let ud = self.push(entry, op);
+        c.reader.set_watching(true);
+        let e = opcode::PollAdd::new(Fd(c.fd.as_raw_fd()), libc::POLLIN as u32).build();
+        let ud = self.push(e, Op::Poll { conn: id });
         if let Some(c) = self.conns.get_mut(&id) {
-            c.recv = Some(ud);
+            c.poll = Some(ud);
         }
     }
 
@@ -904,7 +848,7 @@ impl Driver {
             deadline,
             shut: false,
         });
-        if let Some(ud) = c.recv {
+        if let Some(ud) = c.poll {
             let e = opcode::AsyncCancel2::new(CancelBuilder::user_data(ud)).build();
             self.push(e, Op::Cancel);
         }
@@ -997,10 +941,7 @@ impl Driver {
 
 fn op_conn(op: &Op) -> Option<u64> {
     match op {
-        Op::RecvSlot { conn, .. }
-        | Op::RecvInto { conn, .. }
-        | Op::Send { conn }
-        | Op::SendZc { conn, .. } => Some(*conn),
+        Op::Poll { conn } | Op::Send { conn } | Op::SendZc { conn, .. } => Some(*conn),
         Op::Wake | Op::Cancel => None,
     }
 }
