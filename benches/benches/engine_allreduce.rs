@@ -3,7 +3,7 @@
 //! runs are what the selector's crossover sizes come from).
 //!
 //! `cargo bench -p chorus-benches --bench engine_allreduce` (filter with a regex after `--`,
-//! e.g. `-- 'allreduce/auto'`). Ranks are threads over `chorus_engine::local` links; each
+//! e.g. `-- '/auto/'`). Ranks are threads over `chorus_engine::local` links; each
 //! iteration is one in-place f32 sum all-reduce on every rank, back to back as nccl-tests
 //! runs them. Criterion's throughput is the bus bandwidth, `size * 2(n-1)/n / time`
 //! (GiB/s in its output).

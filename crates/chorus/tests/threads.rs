@@ -203,3 +203,86 @@ fn revoke_fails_everyone_then_shrink_continues() {
         next.blocking().barrier().unwrap();
     });
 }
+
+/// Init waits for every member; a member that never arrives ends it by the init deadline
+/// on every rank that came, with a named error, not a hang. The bound is the feature, so it
+/// is asserted, with room for a loaded machine.
+#[test]
+fn init_without_every_member_fails_by_the_init_deadline() {
+    use std::time::Instant;
+    let short = Config {
+        init_timeout: Duration::from_millis(1500),
+        ..Config::default()
+    };
+    let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 3, &short).unwrap();
+    let id = root.unique_id().clone();
+    let started = Instant::now();
+    let out: Vec<_> = thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|r| {
+                let (id, short) = (id.clone(), short.clone());
+                s.spawn(move || {
+                    let got = Comm::init_blocking(&id, r, 3, short);
+                    (got.map(|_| ()), started.elapsed())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, (got, took)) in out.into_iter().enumerate() {
+        let e = got.expect_err("init cannot succeed without rank 2");
+        assert!(
+            matches!(
+                e.kind(),
+                chorus::ErrorKind::Timeout | chorus::ErrorKind::Bootstrap
+            ),
+            "rank {rank}: {e}"
+        );
+        assert!(
+            e.to_string().contains("deadline") || e.to_string().contains("time"),
+            "rank {rank}: the error should say a deadline passed: {e}"
+        );
+        assert!(
+            took >= Duration::from_millis(1400) && took < Duration::from_secs(6),
+            "rank {rank}: init ended after {took:?}, deadline 1.5 s"
+        );
+    }
+}
+
+/// A root that never answers (a UDP port nobody serves) ends init by the deadline too.
+#[test]
+fn init_against_a_silent_root_fails_by_the_init_deadline() {
+    use std::time::Instant;
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 1, &config()).unwrap();
+    let mut id = root.unique_id().clone();
+    id.root = silent.local_addr().unwrap();
+    let short = Config {
+        init_timeout: Duration::from_millis(1000),
+        ..Config::default()
+    };
+    let started = Instant::now();
+    let e = Comm::init_blocking(&id, 0, 1, short).expect_err("nobody answers at that address");
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            e.kind(),
+            chorus::ErrorKind::Timeout | chorus::ErrorKind::Bootstrap
+        ),
+        "{e}"
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "init ended after {took:?}, deadline 1 s: {e}"
+    );
+}
+
+/// Arguments no communicator can have are refused before anything is started.
+#[test]
+fn init_refuses_a_rank_outside_the_world() {
+    let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 2, &config()).unwrap();
+    let id = root.unique_id().clone();
+    let e = Comm::init_blocking(&id, 2, 2, config()).expect_err("rank 2 of 2");
+    assert_eq!(e.kind(), chorus::ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("rank 2"), "{e}");
+}
