@@ -286,3 +286,59 @@ fn init_refuses_a_rank_outside_the_world() {
     assert_eq!(e.kind(), chorus::ErrorKind::InvalidArgument, "{e}");
     assert!(e.to_string().contains("rank 2"), "{e}");
 }
+
+/// A peer that is alive but never calls the collective cannot be caught by liveness; the
+/// per-operation deadline ends the wait, and the error names the peer being waited on.
+#[test]
+fn a_collective_a_peer_never_joins_ends_by_the_operation_deadline() {
+    use std::sync::mpsc;
+    use std::time::Instant;
+    let short = Config {
+        init_timeout: Duration::from_secs(30),
+        op_timeout: Duration::from_millis(1000),
+        ..Config::default()
+    };
+    let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 2, &short).unwrap();
+    let id = root.unique_id().clone();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let done_rx = std::sync::Mutex::new(done_rx);
+    thread::scope(|s| {
+        for r in 0..2u32 {
+            let (id, short, done_tx, done_rx) =
+                (id.clone(), short.clone(), done_tx.clone(), &done_rx);
+            s.spawn(move || {
+                let comm = Comm::init_blocking(&id, r, 2, short).unwrap();
+                if r == 0 {
+                    let mut buf = vec![1.0f32; 16];
+                    let started = Instant::now();
+                    let e = comm
+                        .blocking()
+                        .all_reduce_in_place(&mut buf, Reduction::Sum)
+                        .expect_err("rank 1 never joins");
+                    let took = started.elapsed();
+                    done_tx.send(()).unwrap();
+                    println!("rank 0 after {took:?}: {e}");
+                    assert_eq!(e.kind(), chorus::ErrorKind::Timeout, "{e}");
+                    assert!(e.to_string().contains("r1"), "should name rank 1: {e}");
+                    assert!(
+                        took >= Duration::from_millis(950) && took < Duration::from_secs(5),
+                        "ended after {took:?}, deadline 1 s: {e}"
+                    );
+                } else {
+                    // Alive, heartbeating, but busy elsewhere until rank 0 has given up.
+                    done_rx
+                        .lock()
+                        .unwrap()
+                        .recv_timeout(Duration::from_secs(20))
+                        .unwrap();
+                }
+                let started = Instant::now();
+                let _ = comm.destroy_blocking();
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "destroy is bounded"
+                );
+            });
+        }
+    });
+}
