@@ -13,6 +13,10 @@
 //! The runtime's entry point is [`Engine`]: build one per communicator with
 //! [`Engine::new`], run [`Op`]s with [`Engine::run`] or [`Engine::group`], abort through
 //! [`Engine::context`], watch [`Engine::running`].
+//!
+//! The non-default `testkit` feature adds the `testkit` module (a cargo feature, not `cfg(test)`, so
+//! that device crates' tests can run the same collective matrix): test support only, never
+//! for a library or binary.
 
 #![forbid(unsafe_code)]
 
@@ -34,6 +38,8 @@ mod pool;
 pub mod progress;
 mod run;
 pub mod select;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use config::{Algorithm, EngineConfig, Overrides, Thresholds};
 pub use context::{AbortReason, Aborted, Context};
