@@ -5,7 +5,7 @@
 //! and one receive and a chunk's next hop overlaps the neighbours' work on other chunks.
 //! Schedule step (progress, errors): `t * k + c` for chunk `c` at ring step `t`.
 
-use crate::algo::{cut, part, step};
+use crate::algo::{cut, part, seed, stage, step};
 use crate::device::Device;
 use crate::error::OpError;
 use crate::link::Link;
@@ -123,14 +123,7 @@ where
         let (cs, cl) = part(count, k, c);
         (b * block + cs * es, cl * es)
     };
-    if let Buffer::Separate { send, recv } = &mut buf {
-        run.touch();
-        run.copy(recv, 0, send, r * block, block)?;
-    }
-    if let Some(s) = premul {
-        run.touch();
-        run.scale(buf.recv(), out_base, block, s)?;
-    }
+    seed(run, &mut buf, out_base, r * block, block, premul)?;
     let (_, max_chunk) = part(count, k, 0);
     let mut scratch = run.alloc(max_chunk * es)?;
     for c in 0..k {
@@ -139,9 +132,8 @@ where
         if len > 0 {
             let p = match premul {
                 None => run.pack(buf.send(), off, len)?,
-                Some(s) => {
-                    run.copy(&mut scratch, 0, buf.send(), off, len)?;
-                    run.scale(&mut scratch, 0, len, s)?;
+                Some(_) => {
+                    stage(run, &mut scratch, buf.send(), off, len, premul)?;
                     run.pack(&scratch, 0, len)?
                 }
             };
@@ -160,10 +152,7 @@ where
                 let out_off = out_base + (off - r * block);
                 run.unpack_reduce(buf.recv(), out_off, &p, op)?;
             } else {
-                run.copy(&mut scratch, 0, buf.send(), off, len)?;
-                if let Some(s) = premul {
-                    run.scale(&mut scratch, 0, len, s)?;
-                }
+                stage(run, &mut scratch, buf.send(), off, len, premul)?;
                 run.unpack_reduce(&mut scratch, 0, &p, op)?;
                 run.send_from(right, step(t + 1, k, c), off, &scratch, 0, len)
                     .await?;
@@ -289,14 +278,7 @@ where
     run.plan(k);
     let bytes = count * es;
     if vr == 0 {
-        if let Buffer::Separate { send, recv } = &mut buf {
-            run.touch();
-            run.copy(recv, 0, send, 0, bytes)?;
-        }
-        if let Some(s) = premul {
-            run.touch();
-            run.scale(buf.recv(), 0, bytes, s)?;
-        }
+        seed(run, &mut buf, 0, 0, bytes, premul)?;
     }
     let mut scratch = if vr == 0 {
         None
@@ -321,10 +303,7 @@ where
                 let p = if incoming.is_none() && premul.is_none() {
                     run.pack(buf.send(), off, len)?
                 } else {
-                    run.copy(scratch, 0, buf.send(), off, len)?;
-                    if let Some(s) = premul {
-                        run.scale(scratch, 0, len, s)?;
-                    }
+                    stage(run, scratch, buf.send(), off, len, premul)?;
                     if let Some(p) = &incoming {
                         run.unpack_reduce(scratch, 0, p, op)?;
                     }
