@@ -29,9 +29,7 @@ where
     let op = reduction.combine();
     let fold = Fold::new(n);
     let phases = fold.rounds + 2;
-    let ce = run.chunk_elems(count, phases)?;
-    let k = count.div_ceil(ce);
-    run.plan(phases * k);
+    let (ce, k) = run.schedule(count, phases)?;
     let all = Span::at(0, count, es);
     let Some(nr) = fold.newrank(r) else {
         fold_out(run, mem, k, ce, all, true).await?;

@@ -32,9 +32,7 @@ where
     let op = reduction.combine();
     let fold = Fold::new(n);
     let phases = 2 * fold.rounds + 2;
-    let ce = run.chunk_elems(count, phases)?;
-    let k = count.div_ceil(ce);
-    run.plan(phases * k);
+    let (ce, k) = run.schedule(count, phases)?;
     let all = Span::at(0, count, es);
     let Some(nr) = fold.newrank(r) else {
         fold_out(run, mem, k, ce, all, true).await?;
@@ -87,9 +85,7 @@ where
     let fold = Fold::new(n);
     let phases = fold.rounds + 2;
     let total = count * n;
-    let ce = run.chunk_elems(total, phases)?;
-    let k = total.div_ceil(ce);
-    run.plan(phases * k);
+    let (ce, k) = run.schedule(total, phases)?;
     let block = count * es;
     let out_base = if buf.is_in_place() { r * block } else { 0 };
     let avg = matches!(reduction, Reduction::Avg);

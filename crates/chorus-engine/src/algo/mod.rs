@@ -201,7 +201,7 @@ pub(crate) fn part(total: usize, parts: usize, i: usize) -> (usize, usize) {
 }
 
 /// The schedule step of chunk `c` in phase `phase` of a schedule with `k` chunks per phase.
-/// Callers size `k` with [`crate::run::Run::chunk_elems`], which keeps this below the credit
+/// Callers size `k` with [`crate::run::Run::schedule`], which keeps this below the credit
 /// bit.
 pub(crate) fn step(phase: usize, k: usize, c: usize) -> u32 {
     (phase * k + c) as u32

@@ -31,11 +31,8 @@ where
     let avg = matches!(reduction, Reduction::Avg);
     let phases = 2 * (n - 1);
     let seg_max = count.div_ceil(n);
-    let ce = run.chunk_elems(seg_max, phases)?;
-    let k = seg_max.div_ceil(ce).max(1);
-    run.plan(phases * k);
-    let right = ((r + 1) % n) as u32;
-    let left = ((r + n - 1) % n) as u32;
+    let (_, k) = run.schedule(seg_max, phases)?;
+    let (left, right) = neighbours(r, n);
     // Byte region of chunk `c` of segment `s`.
     let chunk = |s: usize, c: usize| {
         let (start, len) = part(count, n, s);
@@ -110,11 +107,8 @@ where
     let op = reduction.combine();
     let premul = reduction.premul();
     let phases = n - 1;
-    let ce = run.chunk_elems(count, phases)?;
-    let k = count.div_ceil(ce).max(1);
-    run.plan(phases * k);
-    let right = ((r + 1) % n) as u32;
-    let left = ((r + n - 1) % n) as u32;
+    let (_, k) = run.schedule(count, phases)?;
+    let (left, right) = neighbours(r, n);
     let block = count * es;
     // Where this rank's result goes in the output.
     let out_base = if buf.is_in_place() { r * block } else { 0 };
@@ -181,11 +175,8 @@ where
     let r = run.rank as usize;
     let es = run.es();
     let phases = n - 1;
-    let ce = run.chunk_elems(count, phases)?;
-    let k = count.div_ceil(ce).max(1);
-    run.plan(phases * k);
-    let right = ((r + 1) % n) as u32;
-    let left = ((r + n - 1) % n) as u32;
+    let (_, k) = run.schedule(count, phases)?;
+    let (left, right) = neighbours(r, n);
     let chunk = |b: usize, c: usize| {
         let (cs, cl) = part(count, k, c);
         ((b * count + cs) * es, cl * es)
@@ -228,11 +219,8 @@ where
     let r = run.rank as usize;
     let es = run.es();
     let vr = (r + n - root) % n;
-    let prev = ((r + n - 1) % n) as u32;
-    let next = ((r + 1) % n) as u32;
-    let ce = run.chunk_elems(count, 1)?;
-    let k = count.div_ceil(ce);
-    run.plan(k);
+    let (prev, next) = neighbours(r, n);
+    let (ce, k) = run.schedule(count, 1)?;
     for c in 0..k {
         let (s, l) = cut(count, ce, c);
         let (off, len) = (s * es, l * es);
@@ -271,11 +259,8 @@ where
     let premul = reduction.premul();
     let vr = (r + n - root) % n;
     // Data flows from higher virtual ranks to lower: vr+1 → vr → vr-1.
-    let from = ((r + 1) % n) as u32;
-    let to = ((r + n - 1) % n) as u32;
-    let ce = run.chunk_elems(count, 1)?;
-    let k = count.div_ceil(ce);
-    run.plan(k);
+    let (to, from) = neighbours(r, n);
+    let (ce, k) = run.schedule(count, 1)?;
     let bytes = count * es;
     if vr == 0 {
         seed(run, &mut buf, 0, 0, bytes, premul)?;
@@ -317,4 +302,9 @@ where
         run.divide(buf.recv(), 0, bytes, n as u32)?;
     }
     Ok(())
+}
+
+/// The ranks to the left (`r - 1`) and to the right (`r + 1`) of `r` on a ring of `n`.
+fn neighbours(r: usize, n: usize) -> (u32, u32) {
+    (((r + n - 1) % n) as u32, ((r + 1) % n) as u32)
 }

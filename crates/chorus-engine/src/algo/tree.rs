@@ -48,9 +48,7 @@ where
     let es = run.es();
     let real = |v: usize| ((v + root) % n) as u32;
     let (parent, children) = family((r + n - root) % n, n);
-    let ce = run.chunk_elems(count, 1)?;
-    let k = count.div_ceil(ce);
-    run.plan(k);
+    let (ce, k) = run.schedule(count, 1)?;
     for c in 0..k {
         let (s, l) = cut(count, ce, c);
         let (off, len) = (s * es, l * es);
@@ -99,9 +97,7 @@ where
     let premul = reduction.premul();
     let real = |v: usize| ((v + root) % n) as u32;
     let (parent, children) = family((r + n - root) % n, n);
-    let ce = run.chunk_elems(count, 1)?;
-    let k = count.div_ceil(ce);
-    run.plan(k);
+    let (ce, k) = run.schedule(count, 1)?;
     let bytes = count * es;
     let mut scratch = match parent {
         None => {
