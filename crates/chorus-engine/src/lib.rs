@@ -14,9 +14,11 @@
 //! [`Engine::new`], run [`Op`]s with [`Engine::run`] or [`Engine::group`], abort through
 //! [`Engine::context`], watch [`Engine::running`].
 //!
-//! The non-default `testkit` feature adds the `testkit` module (a cargo feature, not `cfg(test)`, so
-//! that device crates' tests can run the same collective matrix): test support only, never
-//! for a library or binary.
+//! The non-default `testkit` feature adds the `testkit` module: the collective matrix's
+//! cases, inputs and sequential reference, and worlds of host engines. It is a cargo
+//! feature rather than `cfg(test)` so that device crates' tests (chorus-cuda's GPU matrix)
+//! run the same cases against the same oracle. Test support only: never enable it in a
+//! library or binary.
 
 #![forbid(unsafe_code)]
 
