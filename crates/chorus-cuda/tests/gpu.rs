@@ -8,8 +8,6 @@
 // The timings printed are for whoever runs the device check.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
-mod common;
-
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, mpsc};
@@ -18,10 +16,12 @@ use std::time::{Duration, Instant};
 use chorus_cuda::testing::{GpuEngine, World, block_on, gpu_or_skip};
 use chorus_cuda::{CudaDevice, CudaError, DeviceLink, GpuBuffer, GpuMem, LinkConfig, reference};
 use chorus_engine::link::{CancelReason, Link};
+use chorus_engine::testkit::{
+    Case, Rig, check, every_case, input, large_cases, matrix_configs, ring_exchange, sweep,
+};
 use chorus_engine::{AbortReason, Buffer, Context, Device, Engine, EngineConfig};
 use chorus_engine::{Reduction, device::DeviceError};
 use chorus_protocol::{CloseCode, Collective, DType, Rank, ReduceOp};
-use common::{Case, Rig, check, configs, every_case, input, large_cases, ring_exchange, sweep};
 use half::{bf16, f16};
 
 /// Bound on every staging copy and synchronisation.
@@ -29,14 +29,18 @@ const T: Duration = Duration::from_secs(20);
 /// Bound on one world's run of the matrix.
 const LIMIT: Duration = Duration::from_secs(60);
 
-impl Rig for CudaDevice {
-    fn load(&self, data: &[u8]) -> GpuBuffer {
-        let mut b = self.buffer(data.len()).unwrap();
-        self.upload(&mut b, 0, data, T).unwrap();
+/// How the matrix stages bytes on a GPU.
+struct OnGpu;
+
+impl Rig for OnGpu {
+    type Device = CudaDevice;
+    fn load(&self, dev: &CudaDevice, data: &[u8]) -> GpuBuffer {
+        let mut b = dev.buffer(data.len()).unwrap();
+        dev.upload(&mut b, 0, data, T).unwrap();
         b
     }
-    fn read(&self, mem: &GpuMem) -> Vec<u8> {
-        self.download(mem, 0, mem.len(), T).unwrap()
+    fn read(&self, dev: &CudaDevice, mem: &GpuMem) -> Vec<u8> {
+        dev.download(mem, 0, mem.len(), T).unwrap()
     }
 }
 
@@ -67,9 +71,9 @@ fn matrix(n: usize) {
     let root = Context::root();
     let cases = every_case(n as u32);
     let started = Instant::now();
-    for config in configs() {
+    for config in matrix_configs() {
         let world = World::new(&devices, &small_links(), &config, &root).unwrap();
-        if let Err(e) = world.run(LIMIT, |e| sweep(e, &cases)) {
+        if let Err(e) = world.run(LIMIT, |e| sweep(&OnGpu, e, &cases)) {
             panic!("{:?}: {e}", config.overrides);
         }
     }
@@ -77,8 +81,8 @@ fn matrix(n: usize) {
     let large = large_cases(n as u32);
     world
         .run(LIMIT, |e| {
-            sweep(e, &large)?;
-            ring_exchange(e, 500)
+            sweep(&OnGpu, e, &large)?;
+            ring_exchange(&OnGpu, e, 500)
         })
         .unwrap();
     drop(world);
@@ -87,7 +91,7 @@ fn matrix(n: usize) {
     }
     eprintln!(
         "{} operations per rank at {n} ranks in {:?}",
-        cases.len() * configs().len() + large.len() + 8,
+        cases.len() * matrix_configs().len() + large.len() + 8,
         started.elapsed()
     );
 }
@@ -143,39 +147,39 @@ fn every_reduction_scale_and_divide_matches_the_reference_on_device_memory() {
     for dtype in DType::ALL {
         for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
             let (a, b) = (data(dtype, n, 1), data(dtype, n, 2));
-            let mut da = dev.load(&a);
-            let db = dev.load(&b);
+            let mut da = OnGpu.load(dev, &a);
+            let db = OnGpu.load(dev, &b);
             dev.reduce(&mut da, 0, &db, 0, a.len(), dtype, op).unwrap();
             let mut want = a.clone();
             reference::reduce(dtype, op, &mut want, &b);
-            assert_eq!(dev.read(&da), want, "{op} over {dtype}");
+            assert_eq!(OnGpu.read(dev, &da), want, "{op} over {dtype}");
         }
         for factor in [0.5, 1.0 / 3.0, -2.0, 3.0, 1e19] {
             let a = data(dtype, n, 3);
-            let mut da = dev.load(&a);
+            let mut da = OnGpu.load(dev, &a);
             dev.scale(&mut da, 0, a.len(), dtype, factor).unwrap();
             let mut want = a.clone();
             reference::scale(dtype, &mut want, factor);
-            assert_eq!(dev.read(&da), want, "scale {dtype} by {factor}");
+            assert_eq!(OnGpu.read(dev, &da), want, "scale {dtype} by {factor}");
         }
         for divisor in [1u32, 2, 3, 4, 7, 1000] {
             let a = data(dtype, n, 4);
-            let mut da = dev.load(&a);
+            let mut da = OnGpu.load(dev, &a);
             dev.divide(&mut da, 0, a.len(), dtype, divisor).unwrap();
             let mut want = a.clone();
             reference::divide(dtype, &mut want, divisor);
-            assert_eq!(dev.read(&da), want, "divide {dtype} by {divisor}");
+            assert_eq!(OnGpu.read(dev, &da), want, "divide {dtype} by {divisor}");
         }
     }
     // Packing, unpacking, overlapping copies, and the errors of bad regions.
     let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 31 % 251) as u8).collect();
-    let mut m = dev.load(&bytes);
+    let mut m = OnGpu.load(dev, &bytes);
     let p = dev.pack(&m, 100, 5000).unwrap();
     let mut out = dev.buffer(6000).unwrap();
     dev.unpack(&mut out, 1000, &p).unwrap();
     assert_eq!(dev.download(&out, 1000, 5000, T).unwrap(), bytes[100..5100]);
     dev.copy_within(&mut m, 0, 10, 5000).unwrap();
-    assert_eq!(dev.read(&m)[10..5010], bytes[..5000]);
+    assert_eq!(OnGpu.read(dev, &m)[10..5010], bytes[..5000]);
     assert!(matches!(
         dev.unpack(&mut out, 2000, &p),
         Err(DeviceError::OutOfBounds { .. })
@@ -278,7 +282,7 @@ fn abort_retires_the_kernels_of_an_operation_blocked_on_an_absent_peer() {
         in_place: true,
         root: 0,
     };
-    world.run(LIMIT, |e| check(e, &case)).unwrap();
+    world.run(LIMIT, |e| check(&OnGpu, e, &case)).unwrap();
     drop(world);
     for d in &devices {
         d.synchronize(T).unwrap();
@@ -333,9 +337,9 @@ fn ipc_rank(dev: CudaDevice, me: u32, link: DeviceLink) {
         });
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             for case in ipc_cases() {
-                check(engine, &case).unwrap();
+                check(&OnGpu, engine, &case).unwrap();
             }
-            ring_exchange(engine, 700).unwrap();
+            ring_exchange(&OnGpu, engine, 700).unwrap();
         }));
         let _ = done.send(());
         if let Err(p) = r {

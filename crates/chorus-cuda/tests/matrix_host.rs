@@ -1,64 +1,40 @@
-//! The GPU tests' collective matrix (tests/common), run through the host engine on every
-//! machine: proves the cases, the inputs and the oracle, so that on a GPU a difference can
-//! only be the device's.
+//! The GPU tests' collective matrix (`chorus_engine::testkit`), run through the host engine
+//! on every machine: proves the cases, the inputs and the oracle, so that on a GPU a
+//! difference can only be the device's.
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use std::time::Duration;
 
-use std::sync::Arc;
-use std::thread;
+use chorus_engine::EngineConfig;
+use chorus_engine::testkit::{
+    Host, HostEngine, assert_clean, collectives, every_case, large_cases, matrix_configs,
+    ring_exchange, run_world, sweep,
+};
 
-use bytes::Bytes;
-use chorus_engine::local::mesh;
-use chorus_engine::{Context, Engine, EngineConfig, HeldLimit, HostDevice, LocalLink};
-use chorus_protocol::Rank;
-use common::{assert_clean, configs, every_case, large_cases, ring_exchange, sweep};
+/// Bound on one world's run of the matrix.
+const LIMIT: Duration = Duration::from_secs(240);
 
-type HostEngine = Engine<HostDevice, LocalLink<Bytes>>;
-
-fn world(n: u32, config: &EngineConfig) -> Vec<HostEngine> {
-    let root = Context::root();
-    mesh::<Bytes>(n, HeldLimit::bytes(64 << 20))
-        .into_iter()
-        .enumerate()
-        .map(|(r, links)| {
-            Engine::new(
-                Rank(r as u32),
-                n,
-                links,
-                Arc::new(HostDevice),
-                &root,
-                config.clone(),
-            )
-            .unwrap()
-        })
-        .collect()
-}
-
-fn on_every_rank(engines: &[HostEngine], f: impl Fn(&HostEngine) -> Result<(), String> + Sync) {
-    let failures: Vec<String> = thread::scope(|s| {
-        let hs: Vec<_> = engines.iter().map(|e| s.spawn(|| f(e))).collect();
-        hs.into_iter()
-            .filter_map(|h| h.join().unwrap().err())
-            .collect()
-    });
-    assert_clean(failures);
+fn on_every_rank(
+    n: u32,
+    config: EngineConfig,
+    f: impl Fn(&HostEngine) -> Result<(), String> + Send + Sync,
+) {
+    let failures = run_world(n, &[config], LIMIT, |engines| f(&engines[0]).err());
+    assert_clean(failures.into_iter().flatten().collect());
 }
 
 #[test]
 fn the_gpu_matrix_passes_on_the_host_engine() {
     for n in [2u32, 4] {
-        for config in configs() {
-            let engines = world(n, &config);
-            let cases = every_case(n);
-            on_every_rank(&engines, |e| sweep(e, &cases));
+        let cases = every_case(n);
+        for config in matrix_configs() {
+            on_every_rank(n, config, |e| sweep(&Host, e, &cases));
         }
-        let engines = world(n, &EngineConfig::default());
         let cases = large_cases(n);
-        on_every_rank(&engines, |e| {
-            sweep(e, &cases)?;
-            ring_exchange(e, 500)
+        on_every_rank(n, EngineConfig::default(), |e| {
+            sweep(&Host, e, &cases)?;
+            ring_exchange(&Host, e, 500)
         });
     }
 }
@@ -67,7 +43,7 @@ fn the_gpu_matrix_passes_on_the_host_engine() {
 fn the_matrix_covers_every_collective_dtype_and_reduction() {
     use chorus_protocol::{Collective, DType};
     let cases = every_case(4);
-    for c in common::COLLECTIVES {
+    for c in collectives() {
         for d in DType::ALL {
             let with: Vec<_> = cases
                 .iter()

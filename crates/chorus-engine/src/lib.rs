@@ -13,6 +13,12 @@
 //! The runtime's entry point is [`Engine`]: build one per communicator with
 //! [`Engine::new`], run [`Op`]s with [`Engine::run`] or [`Engine::group`], abort through
 //! [`Engine::context`], watch [`Engine::running`].
+//!
+//! The non-default `testkit` feature adds the `testkit` module: the collective matrix's
+//! cases, inputs and sequential reference, and worlds of host engines. It is a cargo
+//! feature rather than `cfg(test)` so that device crates' tests (chorus-cuda's GPU matrix)
+//! run the same cases against the same oracle. Test support only: never enable it in a
+//! library or binary.
 
 #![forbid(unsafe_code)]
 
@@ -34,6 +40,8 @@ mod pool;
 pub mod progress;
 mod run;
 pub mod select;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use config::{Algorithm, EngineConfig, Overrides, Thresholds};
 pub use context::{AbortReason, Aborted, Context};

@@ -176,6 +176,19 @@ where
         Ok(configured.max(max_elems.div_ceil(max_chunks)))
     }
 
+    /// The chunking of a schedule of `phases` phases over at most `max_elems` elements per
+    /// transfer, `(elements per chunk, chunks per phase)`, with its step count published.
+    pub(crate) fn schedule(
+        &self,
+        max_elems: usize,
+        phases: usize,
+    ) -> Result<(usize, usize), OpError> {
+        let ce = self.chunk_elems(max_elems, phases)?;
+        let k = max_elems.div_ceil(ce);
+        self.plan(phases * k);
+        Ok((ce, k))
+    }
+
     /// How many chunks a schedule may send to a peer ahead of what it has received from
     /// it, without ever waiting on credit while the peer waits on it too: `depth - grant`.
     /// A rank blocked on credit at chunk `c + ahead` then has a peer that has not consumed

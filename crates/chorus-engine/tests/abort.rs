@@ -2,8 +2,6 @@
 
 #![allow(clippy::unwrap_used, clippy::useless_vec)]
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, mpsc};
 use std::thread;

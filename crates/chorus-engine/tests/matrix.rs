@@ -3,28 +3,17 @@
 
 #![allow(clippy::unwrap_used, clippy::collapsible_match)]
 
-mod common;
-
 use std::time::Duration;
 
+use chorus_engine::testkit::{
+    Case, Host, assert_clean, collectives, forced, garbage, input, matrix_configs, reductions,
+    run_world, sweep,
+};
 use chorus_engine::{Algorithm, Buffer, EngineConfig, Op, Reduction};
 use chorus_protocol::{Collective, DType, Rank};
-use common::{HostEngine, garbage, input, matrix_configs, reduced, reductions, run_world};
 use futures::executor::block_on;
 
 const LIMIT: Duration = Duration::from_secs(240);
-
-/// One operation to check.
-#[derive(Clone, Debug)]
-struct Case {
-    id: u64,
-    collective: Collective,
-    dtype: DType,
-    reduction: Reduction,
-    count: usize,
-    in_place: bool,
-    root: u32,
-}
 
 /// Every `(dtype, reduction)` pair, in a fixed order.
 fn pairs() -> Vec<(DType, Reduction)> {
@@ -34,228 +23,17 @@ fn pairs() -> Vec<(DType, Reduction)> {
         .collect()
 }
 
-/// Run `case` on this rank's engine and compare with the reference; `Err` describes the
-/// first difference.
-fn check(e: &HostEngine, case: &Case) -> Result<(), String> {
-    let n = e.world();
-    let r = e.rank().0;
-    let (d, red, count, id) = (case.dtype, case.reduction, case.count, case.id);
-    let es = d.size();
-    let block = count * es;
-    let mine = |first: usize, len: usize| input(id, r, first, len, d, red);
-    let of = |rank: u32, first: usize, len: usize| input(id, rank, first, len, d, red);
-    let fold = |first: usize, len: usize| {
-        let mut v = Vec::new();
-        for i in first..first + len {
-            reduced(id, n, i, d, red, &mut v);
-        }
-        v
-    };
-    let root = Rank(case.root);
-    let rooted = r == case.root;
-    // (send, recv-or-inplace buffer, expected final buffer)
-    let (send, mut buf, want): (Vec<u8>, Vec<u8>, Vec<u8>) = match case.collective {
-        Collective::AllReduce => (mine(0, count), garbage(block), fold(0, count)),
-        Collective::Reduce => {
-            let want = if rooted {
-                fold(0, count)
-            } else {
-                garbage(block)
-            };
-            (mine(0, count), garbage(block), want)
-        }
-        Collective::Broadcast => (mine(0, count), garbage(block), of(case.root, 0, count)),
-        Collective::AllGather => {
-            let want: Vec<u8> = (0..n).flat_map(|j| of(j, 0, count)).collect();
-            (mine(0, count), garbage(block * n as usize), want)
-        }
-        Collective::ReduceScatter => {
-            let total = count * n as usize;
-            (
-                mine(0, total),
-                garbage(block),
-                fold(r as usize * count, count),
-            )
-        }
-        Collective::AllToAll => {
-            // Rank j's block r lands in our block j.
-            let want: Vec<u8> = (0..n)
-                .flat_map(|j| of(j, r as usize * count, count))
-                .collect();
-            (
-                mine(0, count * n as usize),
-                garbage(block * n as usize),
-                want,
-            )
-        }
-        Collective::Gather => {
-            let want = if rooted {
-                (0..n).flat_map(|j| of(j, 0, count)).collect()
-            } else {
-                garbage(block * n as usize)
-            };
-            (mine(0, count), garbage(block * n as usize), want)
-        }
-        Collective::Scatter => (
-            mine(0, count * n as usize),
-            garbage(block),
-            of(case.root, r as usize * count, count),
-        ),
-        Collective::SendRecv | Collective::Barrier => unreachable!(),
-    };
-    // In place: lay the input out where NCCL's in-place form has it, and adjust what the
-    // whole buffer must hold afterwards.
-    let mut want = want;
-    if case.in_place {
-        let rb = r as usize * block;
-        match case.collective {
-            Collective::AllReduce | Collective::AllToAll => buf = send.clone(),
-            Collective::Reduce => {
-                buf = send.clone();
-                if !rooted {
-                    want = send.clone();
-                }
-            }
-            Collective::Broadcast => {
-                if rooted {
-                    buf = send.clone();
-                }
-            }
-            Collective::AllGather => buf[rb..rb + block].copy_from_slice(&send),
-            Collective::ReduceScatter => {
-                buf = send.clone();
-                let mut w = send.clone();
-                w[rb..rb + block].copy_from_slice(&want);
-                want = w;
-            }
-            Collective::Gather => {
-                if rooted {
-                    buf[rb..rb + block].copy_from_slice(&send);
-                } else {
-                    buf = send.clone();
-                    want = send.clone();
-                }
-            }
-            Collective::Scatter => {
-                if rooted {
-                    buf = send.clone();
-                    let mut w = send.clone();
-                    w[rb..rb + block].copy_from_slice(&want);
-                    want = w;
-                }
-            }
-            _ => {}
-        }
-    }
-    let b = if case.in_place {
-        Buffer::InPlace(&mut buf[..])
-    } else {
-        Buffer::Separate {
-            send: &send[..],
-            recv: &mut buf[..],
-        }
-    };
-    let op = match case.collective {
-        Collective::AllReduce => Op::AllReduce {
-            buf: b,
-            count,
-            dtype: d,
-            reduction: red,
-        },
-        Collective::Reduce => Op::Reduce {
-            buf: b,
-            count,
-            dtype: d,
-            reduction: red,
-            root,
-        },
-        Collective::Broadcast => Op::Broadcast {
-            buf: b,
-            count,
-            dtype: d,
-            root,
-        },
-        Collective::AllGather => Op::AllGather {
-            buf: b,
-            count,
-            dtype: d,
-        },
-        Collective::ReduceScatter => Op::ReduceScatter {
-            buf: b,
-            count,
-            dtype: d,
-            reduction: red,
-        },
-        Collective::AllToAll => Op::AllToAll {
-            buf: b,
-            count,
-            dtype: d,
-        },
-        Collective::Gather => Op::Gather {
-            buf: b,
-            count,
-            dtype: d,
-            root,
-        },
-        Collective::Scatter => Op::Scatter {
-            buf: b,
-            count,
-            dtype: d,
-            root,
-        },
-        _ => unreachable!(),
-    };
-    block_on(e.run(op)).map_err(|err| format!("r{r}: {case:?}: {err}"))?;
-    if buf != want {
-        let at = buf.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
-        return Err(format!(
-            "r{r} n={n} {} {case:?}: first difference at byte {at} (element {}): got {:?} want {:?}",
-            e.algorithm_for(case.collective, 1),
-            at / es,
-            &buf[at - at % es..(at - at % es + es).min(buf.len())],
-            &want[at - at % es..(at - at % es + es).min(want.len())],
-        ));
-    }
-    Ok(())
-}
-
 /// Run `cases` on every engine of every rank of a world of `n`, and return the failures.
-fn sweep(n: u32, configs: &[EngineConfig], cases: &[Case]) -> Vec<String> {
+fn run(n: u32, configs: &[EngineConfig], cases: &[Case]) -> Vec<String> {
     let failures = run_world(n, configs, LIMIT, |engines| {
-        let mut bad = Vec::new();
-        for e in engines {
-            for case in cases {
-                if let Err(m) = check(e, case) {
-                    bad.push(m);
-                    // The communicator is poisoned now; the others will fail too.
-                    break;
-                }
-            }
-        }
-        bad
+        // A failure poisons that engine's communicator; the next config's still runs.
+        engines
+            .iter()
+            .filter_map(|e| sweep(&Host, e, cases).err())
+            .collect::<Vec<_>>()
     });
     failures.into_iter().flatten().collect()
 }
-
-fn assert_clean(failures: Vec<String>) {
-    assert!(
-        failures.is_empty(),
-        "{} failures, first ones:\n{}",
-        failures.len(),
-        failures[..failures.len().min(8)].join("\n")
-    );
-}
-
-const COLLECTIVES: [Collective; 8] = [
-    Collective::AllReduce,
-    Collective::Reduce,
-    Collective::Broadcast,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::AllToAll,
-    Collective::Gather,
-    Collective::Scatter,
-];
 
 /// Every collective x count in {0, 1, 7, 1023} x placement x root, dtype and reduction
 /// cycling through all pairs, on every forced algorithm set.
@@ -263,7 +41,7 @@ fn structural_cases(n: u32) -> Vec<Case> {
     let pairs = pairs();
     let mut cases = Vec::new();
     let mut id = 0u64;
-    for collective in COLLECTIVES {
+    for collective in collectives() {
         for count in [0, 1, 7, 1023] {
             for in_place in [false, true] {
                 let (dtype, reduction) = pairs[(id as usize * 7) % pairs.len()];
@@ -292,13 +70,13 @@ fn structural_cases(n: u32) -> Vec<Case> {
 #[test]
 fn every_collective_and_algorithm_in_worlds_of_1_to_8() {
     for n in [1, 2, 3, 4, 5, 8] {
-        assert_clean(sweep(n, &matrix_configs(), &structural_cases(n)));
+        assert_clean(run(n, &matrix_configs(), &structural_cases(n)));
     }
 }
 
 #[test]
 fn world_of_16() {
-    assert_clean(sweep(16, &matrix_configs(), &structural_cases(16)));
+    assert_clean(run(16, &matrix_configs(), &structural_cases(16)));
 }
 
 /// Every dtype x reduction through every reducing algorithm, at a non-power-of-two and a
@@ -327,7 +105,7 @@ fn every_dtype_and_reduction_through_every_reducing_algorithm() {
                 });
             }
         }
-        assert_clean(sweep(n, &matrix_configs(), &cases));
+        assert_clean(run(n, &matrix_configs(), &cases));
     }
 }
 
@@ -345,8 +123,8 @@ fn large_counts() {
         in_place,
         root: 1,
     };
-    let ring = common::forced([Ring, Ring, Ring, Ring, Ring], 256 << 10, 8);
-    let log = common::forced(
+    let ring = forced([Ring, Ring, Ring, Ring, Ring], 256 << 10, 8);
+    let log = forced(
         [
             HalvingDoubling,
             BinomialTree,
@@ -357,7 +135,7 @@ fn large_counts() {
         256 << 10,
         8,
     );
-    assert_clean(sweep(
+    assert_clean(run(
         5,
         &[ring],
         &[
@@ -365,7 +143,7 @@ fn large_counts() {
             case(2, Collective::ReduceScatter, true),
         ],
     ));
-    assert_clean(sweep(
+    assert_clean(run(
         3,
         &[log],
         &[

@@ -18,7 +18,7 @@ use bytes::{Bytes, BytesMut};
 use chorus_engine::link::{LinkError, Tag};
 use chorus_protocol::message::{ChunkHeader, Depart, Message};
 use chorus_protocol::{CloseCode, EncodeError, Encoder, Envelope};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::matcher::{Credit, Matcher};
 
@@ -51,6 +51,32 @@ pub(crate) struct OutFrame {
     pub(crate) credit: Option<Credit>,
     /// The encoder as it was before this frame was numbered (none for departures).
     rewind: Option<Encoder>,
+}
+
+/// Waits for `len` bytes of send-window credit, then numbers a frame with `admit` under the
+/// lock and returns it with the lock still held, so the caller writes it at once or queues
+/// it. Awaiting credit is the only suspension point, before anything is numbered: a future
+/// dropped there leaves no trace, and once it is past, the frame is written or queued whole.
+/// A refused frame gives its credit back.
+pub(crate) async fn admit_under_credit<'a>(
+    outbound: &'a Mutex<Outbound>,
+    matcher: &Matcher,
+    len: usize,
+    admit: impl FnOnce(&mut Outbound) -> Result<OutFrame, LinkError>,
+) -> Result<(MutexGuard<'a, Outbound>, OutFrame, Credit), LinkError> {
+    if let Some(err) = matcher.terminal() {
+        return Err(err);
+    }
+    let credit = matcher.acquire(len).await?;
+    let mut out = outbound.lock();
+    match admit(&mut out) {
+        Ok(frame) => Ok((out, frame, credit)),
+        Err(e) => {
+            drop(out);
+            matcher.release(credit);
+            Err(e)
+        }
+    }
 }
 
 /// Requests the close of the stream behind `outbound` (first request wins) and returns the

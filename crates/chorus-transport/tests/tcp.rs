@@ -5,8 +5,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -174,42 +172,7 @@ mod suite {
         };
         let mut l = listener(&t).await;
         let (a, b) = pair(&t, &mut l).await;
-        let peer_recv = b.recv(tag(9, 0));
-        let mut pending = pin!(a.recv(tag(7, 0)));
-        let mut cx = Context::from_waker(Waker::noop());
-        assert!(pending.as_mut().poll(&mut cx).is_pending());
-        let reason = CancelReason::new(CloseCode::ABORTED, "test abort");
-        let t0 = Instant::now();
-        a.cancel(reason.clone());
-        // Failed synchronously inside cancel(): no executor round trip, no peer involved.
-        let Poll::Ready(r) = pending.as_mut().poll(&mut cx) else {
-            panic!("pending recv still pending after cancel");
-        };
-        // The contract is 5 ms; the proof that it holds is that the future is ready at the
-        // very next poll, with no executor round trip. The time bound only catches a cancel
-        // that blocks, with room for a loaded machine's preemption.
-        assert!(
-            t0.elapsed() < Duration::from_millis(100),
-            "{:?}",
-            t0.elapsed()
-        );
-        assert_eq!(r, Err(LinkError::Cancelled(reason.clone())));
-        assert_eq!(
-            a.send(tag(8, 0), Bytes::new()).await,
-            Err(LinkError::Cancelled(reason.clone()))
-        );
-        a.cancel(CancelReason::new(CloseCode::LEFT, "second"));
-        assert_eq!(a.failure(), Some(LinkError::Cancelled(reason)));
-        let seen = tokio::time::timeout(WAIT, peer_recv).await.unwrap();
-        assert_eq!(
-            seen,
-            Err(LinkError::PeerDeparted {
-                code: CloseCode::ABORTED,
-                detail: "test abort".into()
-            })
-        );
-        // The port says how the peer ended, with no operation asking.
-        assert_eq!(Link::<Bytes>::failure(&b), seen.err());
+        cancel_is_local_and_immediate(&a, &b, "test abort", WAIT).await;
     }
 
     /// `is_flushed` is false while accepted data waits in this process or on the wire for a
@@ -879,18 +842,6 @@ fn spawn_peer(addr: SocketAddr, backend: Backend, secret: &JobSecret) -> std::pr
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap()
-}
-
-fn reap(child: &mut std::process::Child) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if child.try_wait().unwrap().is_some() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    panic!("peer process not reaped within 5 s");
 }
 
 /// The peer process of `sigkilled_peer_*` (a no-op in a normal test run).

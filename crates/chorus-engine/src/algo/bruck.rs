@@ -26,9 +26,7 @@ where
     let block = count * es;
     let rounds = (usize::BITS - (n - 1).leading_zeros()) as usize;
     let max = count * n.div_ceil(2);
-    let ce = run.chunk_elems(max, rounds)?;
-    let k = max.div_ceil(ce);
-    run.plan(rounds * k);
+    let (ce, k) = run.schedule(max, rounds)?;
     let mut work = run.alloc(n * block)?;
     run.copy(&mut work, 0, mem, r * block, block)?;
     for i in 0..rounds {

@@ -20,9 +20,7 @@ where
 {
     let es = run.es();
     let count = bytes / es;
-    let ce = run.chunk_elems(count, 1)?;
-    let k = count.div_ceil(ce);
-    run.plan(k);
+    let (ce, k) = run.schedule(count, 1)?;
     for c in 0..k {
         let (s, l) = cut(count, ce, c);
         run.send_from(peer, c as u32, s * es, buf, s * es, l * es)
@@ -44,9 +42,7 @@ where
 {
     let es = run.es();
     let count = bytes / es;
-    let ce = run.chunk_elems(count, 1)?;
-    let k = count.div_ceil(ce);
-    run.plan(k);
+    let (ce, k) = run.schedule(count, 1)?;
     for c in 0..k {
         let (s, l) = cut(count, ce, c);
         let p = run.recv(peer, c as u32, s * es, l * es).await?;

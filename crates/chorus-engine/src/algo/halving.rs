@@ -2,12 +2,12 @@
 //! and recursive-halving reduce-scatter. `log2 p` rounds each way, each moving half the data
 //! of the previous one, so the volume matches the ring's with logarithmic latency.
 //!
-//! Non-powers of two use the same fold as [`crate::algo::doubling`]. Participant `j` owns
+//! Non-powers of two fold onto `p` participants ([`crate::algo::fold`]). Participant `j` owns
 //! element range `ranges[j]`; the ranges are contiguous in participant order, so the half of
 //! a window of participants is one span. Phases: fold (0), halving rounds (1..=log2 p),
 //! doubling rounds, unfold (last).
 
-use crate::algo::doubling::Fold;
+use crate::algo::fold::{Fold, fold_in, fold_out, unfold, unfolded};
 use crate::algo::{Land, Span, exchange, part};
 use crate::device::Device;
 use crate::error::OpError;
@@ -32,41 +32,14 @@ where
     let op = reduction.combine();
     let fold = Fold::new(n);
     let phases = 2 * fold.rounds + 2;
-    let ce = run.chunk_elems(count, phases)?;
-    let k = count.div_ceil(ce);
-    run.plan(phases * k);
-    let all = Some(Span::at(0, count, es));
+    let (ce, k) = run.schedule(count, phases)?;
+    let all = Span::at(0, count, es);
     let Some(nr) = fold.newrank(r) else {
-        let partner = (r + 1) as u32;
-        exchange(run, mem, partner, 0, k, ce, all, None, Land::Copy, true).await?;
-        return exchange(
-            run,
-            mem,
-            partner,
-            phases - 1,
-            k,
-            ce,
-            None,
-            all,
-            Land::Copy,
-            true,
-        )
-        .await;
+        fold_out(run, mem, k, ce, all, true).await?;
+        return unfolded(run, mem, phases - 1, k, ce, all, true).await;
     };
-    if r < 2 * fold.rem {
-        exchange(
-            run,
-            mem,
-            (r - 1) as u32,
-            0,
-            k,
-            ce,
-            None,
-            all,
-            Land::Reduce(op),
-            true,
-        )
-        .await?;
+    if fold.is_pair(r) {
+        fold_in(run, mem, k, ce, all, op, true).await?;
     }
     let ranges: Vec<(usize, usize)> = (0..fold.p).map(|j| part(count, fold.p, j)).collect();
     halve(run, mem, &fold, nr, &ranges, k, ce, op, true).await?;
@@ -85,20 +58,8 @@ where
         let phase = 1 + fold.rounds + i;
         exchange(run, mem, partner, phase, k, ce, out, inn, Land::Copy, true).await?;
     }
-    if r < 2 * fold.rem {
-        exchange(
-            run,
-            mem,
-            (r - 1) as u32,
-            phases - 1,
-            k,
-            ce,
-            all,
-            None,
-            Land::Copy,
-            true,
-        )
-        .await?;
+    if fold.is_pair(r) {
+        unfold(run, mem, phases - 1, k, ce, all, true).await?;
     }
     Ok(())
 }
@@ -124,9 +85,7 @@ where
     let fold = Fold::new(n);
     let phases = fold.rounds + 2;
     let total = count * n;
-    let ce = run.chunk_elems(total, phases)?;
-    let k = total.div_ceil(ce);
-    run.plan(phases * k);
+    let (ce, k) = run.schedule(total, phases)?;
     let block = count * es;
     let out_base = if buf.is_in_place() { r * block } else { 0 };
     let avg = matches!(reduction, Reduction::Avg);
@@ -135,43 +94,22 @@ where
     if let Some(s) = reduction.premul() {
         run.scale(&mut work, 0, total * es, s)?;
     }
-    let all = Some(Span::at(0, total, es));
+    let all = Span::at(0, total, es);
     let Some(nr) = fold.newrank(r) else {
-        let partner = (r + 1) as u32;
-        exchange(
-            run,
-            &mut work,
-            partner,
-            0,
-            k,
-            ce,
-            all,
-            None,
-            Land::Copy,
-            false,
-        )
-        .await?;
-        // The unfold brings back this rank's block, reduced, straight into the output.
-        let own = Some(Span::at(r * count, count, es));
+        fold_out(run, &mut work, k, ce, all, false).await?;
+        // The unfold brings back this rank's block, reduced, straight into the output: the
+        // same chunking and tags as the partner's span of the scratch layout, landing at
+        // `out_base`.
+        let own = Span {
+            start: out_base / es,
+            len: count,
+            tag_base: r * block,
+        };
         run.touch();
-        let out = buf.recv();
-        return recv_block(run, out, out_base, partner, phases - 1, k, ce, own).await;
+        return unfolded(run, buf.recv(), phases - 1, k, ce, own, true).await;
     };
-    if r < 2 * fold.rem {
-        let extra = (r - 1) as u32;
-        exchange(
-            run,
-            &mut work,
-            extra,
-            0,
-            k,
-            ce,
-            None,
-            all,
-            Land::Reduce(op),
-            false,
-        )
-        .await?;
+    if fold.is_pair(r) {
+        fold_in(run, &mut work, k, ce, all, op, false).await?;
     }
     let ranges: Vec<(usize, usize)> = (0..fold.p)
         .map(|j| {
@@ -183,25 +121,13 @@ where
         })
         .collect();
     halve(run, &mut work, &fold, nr, &ranges, k, ce, op, false).await?;
-    if r < 2 * fold.rem {
+    if fold.is_pair(r) {
         let even = r - 1;
         if avg {
             run.divide(&mut work, even * block, block, n as u32)?;
         }
-        let give = Some(Span::at(even * count, count, es));
-        exchange(
-            run,
-            &mut work,
-            even as u32,
-            phases - 1,
-            k,
-            ce,
-            give,
-            None,
-            Land::Copy,
-            false,
-        )
-        .await?;
+        let give = Span::at(even * count, count, es);
+        unfold(run, &mut work, phases - 1, k, ce, give, false).await?;
     }
     if avg {
         run.divide(&mut work, r * block, block, n as u32)?;
@@ -262,43 +188,4 @@ fn span(ranges: &[(usize, usize)], a: usize, b: usize, es: usize) -> Span {
     let start = ranges[a].0;
     let (last, len) = ranges[b - 1];
     Span::at(start, last + len - start, es)
-}
-
-/// Receive `own` (a span of the scratch layout) from `peer` into `out` at `out_base`.
-#[allow(clippy::too_many_arguments)]
-async fn recv_block<D, L>(
-    run: &mut Run<'_, D, L>,
-    out: &mut D::Mem,
-    out_base: usize,
-    peer: u32,
-    phase: usize,
-    k: usize,
-    ce: usize,
-    own: Option<Span>,
-) -> Result<(), OpError>
-where
-    D: Device,
-    L: Link<D::Payload> + ?Sized,
-{
-    let es = run.es();
-    // Same chunking and tags as the sender's span, landing at `out_base`.
-    let Some(own) = own else { return Ok(()) };
-    let moved = Span {
-        start: out_base / es,
-        len: own.len,
-        tag_base: own.tag_base,
-    };
-    exchange(
-        run,
-        out,
-        peer,
-        phase,
-        k,
-        ce,
-        None,
-        Some(moved),
-        Land::Copy,
-        true,
-    )
-    .await
 }

@@ -2,7 +2,7 @@
 //! (flow control keeps the ranks that wait their turn from flooding the root). Schedule
 //! step: the chunk index; tag offset: the block's place in the root's buffer.
 
-use crate::algo::{cut, step};
+use crate::algo::{cut, place_own, step};
 use crate::device::Device;
 use crate::error::OpError;
 use crate::link::Link;
@@ -44,10 +44,7 @@ where
         return Ok(());
     }
     run.plan((n - 1) * k);
-    if let Buffer::Separate { send, recv } = &mut buf {
-        run.touch();
-        run.copy(recv, root * block, send, 0, block)?;
-    }
+    place_own(run, &mut buf, root * block, 0, block)?;
     let out = buf.recv();
     for i in (0..n).filter(|&i| i != root) {
         for c in 0..k {
@@ -100,9 +97,6 @@ where
                 .await?;
         }
     }
-    if let Buffer::Separate { send, recv } = &mut buf {
-        run.touch();
-        run.copy(recv, 0, send, root * block, block)?;
-    }
+    place_own(run, &mut buf, 0, root * block, block)?;
     Ok(())
 }

@@ -9,6 +9,7 @@ pub(crate) mod bruck;
 pub(crate) mod direct;
 pub(crate) mod dissemination;
 pub(crate) mod doubling;
+pub(crate) mod fold;
 pub(crate) mod halving;
 pub(crate) mod linear;
 pub(crate) mod pairwise;
@@ -18,6 +19,7 @@ pub(crate) mod tree;
 use crate::device::Device;
 use crate::error::OpError;
 use crate::link::Link;
+use crate::op::Buffer;
 use crate::run::Run;
 
 /// A span of elements in a buffer, with the tag offset (bytes) its first element travels
@@ -119,6 +121,70 @@ where
     Ok(())
 }
 
+/// Start a reduction's output with this rank's own contribution: `len` bytes of the input
+/// at `src`, placed at `dst` of the output and pre-multiplied there by `premul`.
+pub(crate) fn seed<D, L>(
+    run: &mut Run<'_, D, L>,
+    buf: &mut Buffer<'_, D::Mem>,
+    dst: usize,
+    src: usize,
+    len: usize,
+    premul: Option<f64>,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    place_own(run, buf, dst, src, len)?;
+    if let Some(s) = premul {
+        run.touch();
+        run.scale(buf.recv(), dst, len, s)?;
+    }
+    Ok(())
+}
+
+/// Stage this rank's own `len` bytes of `src` at `off` in `scratch`, pre-multiplied by
+/// `premul`: what the partial results passing through are combined into.
+pub(crate) fn stage<D, L>(
+    run: &Run<'_, D, L>,
+    scratch: &mut D::Mem,
+    src: &D::Mem,
+    off: usize,
+    len: usize,
+    premul: Option<f64>,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    run.copy(scratch, 0, src, off, len)?;
+    if let Some(s) = premul {
+        run.scale(scratch, 0, len, s)?;
+    }
+    Ok(())
+}
+
+/// Copy this rank's own `len` bytes from the input at `src` to the output at `dst`. In place
+/// there is nothing to do: the caller's layout has them at `dst` already (NCCL's in-place
+/// forms).
+pub(crate) fn place_own<D, L>(
+    run: &mut Run<'_, D, L>,
+    buf: &mut Buffer<'_, D::Mem>,
+    dst: usize,
+    src: usize,
+    len: usize,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    if let Buffer::Separate { send, recv } = buf {
+        run.touch();
+        run.copy(recv, dst, send, src, len)?;
+    }
+    Ok(())
+}
+
 /// Whether two spans of one buffer are the same region or share no element.
 fn same_or_disjoint(a: Span, b: Span) -> bool {
     (a.start == b.start && a.len == b.len)
@@ -135,7 +201,7 @@ pub(crate) fn part(total: usize, parts: usize, i: usize) -> (usize, usize) {
 }
 
 /// The schedule step of chunk `c` in phase `phase` of a schedule with `k` chunks per phase.
-/// Callers size `k` with [`crate::run::Run::chunk_elems`], which keeps this below the credit
+/// Callers size `k` with [`crate::run::Run::schedule`], which keeps this below the credit
 /// bit.
 pub(crate) fn step(phase: usize, k: usize, c: usize) -> u32 {
     (phase * k + c) as u32

@@ -24,9 +24,7 @@ where
     let r = run.rank as usize;
     let es = run.es();
     let block = count * es;
-    let ce = run.chunk_elems(count, n - 1)?;
-    let k = count.div_ceil(ce);
-    run.plan((n - 1) * k);
+    let (ce, k) = run.schedule(count, n - 1)?;
     let scratch;
     let (input, out): (&D::Mem, &mut D::Mem) = match buf {
         Buffer::InPlace(b) => {

@@ -5,7 +5,7 @@
 //! and one receive and a chunk's next hop overlaps the neighbours' work on other chunks.
 //! Schedule step (progress, errors): `t * k + c` for chunk `c` at ring step `t`.
 
-use crate::algo::{cut, part, step};
+use crate::algo::{cut, part, seed, stage, step};
 use crate::device::Device;
 use crate::error::OpError;
 use crate::link::Link;
@@ -31,11 +31,8 @@ where
     let avg = matches!(reduction, Reduction::Avg);
     let phases = 2 * (n - 1);
     let seg_max = count.div_ceil(n);
-    let ce = run.chunk_elems(seg_max, phases)?;
-    let k = seg_max.div_ceil(ce).max(1);
-    run.plan(phases * k);
-    let right = ((r + 1) % n) as u32;
-    let left = ((r + n - 1) % n) as u32;
+    let (_, k) = run.schedule(seg_max, phases)?;
+    let (left, right) = neighbours(r, n);
     // Byte region of chunk `c` of segment `s`.
     let chunk = |s: usize, c: usize| {
         let (start, len) = part(count, n, s);
@@ -110,11 +107,8 @@ where
     let op = reduction.combine();
     let premul = reduction.premul();
     let phases = n - 1;
-    let ce = run.chunk_elems(count, phases)?;
-    let k = count.div_ceil(ce).max(1);
-    run.plan(phases * k);
-    let right = ((r + 1) % n) as u32;
-    let left = ((r + n - 1) % n) as u32;
+    let (_, k) = run.schedule(count, phases)?;
+    let (left, right) = neighbours(r, n);
     let block = count * es;
     // Where this rank's result goes in the output.
     let out_base = if buf.is_in_place() { r * block } else { 0 };
@@ -123,14 +117,7 @@ where
         let (cs, cl) = part(count, k, c);
         (b * block + cs * es, cl * es)
     };
-    if let Buffer::Separate { send, recv } = &mut buf {
-        run.touch();
-        run.copy(recv, 0, send, r * block, block)?;
-    }
-    if let Some(s) = premul {
-        run.touch();
-        run.scale(buf.recv(), out_base, block, s)?;
-    }
+    seed(run, &mut buf, out_base, r * block, block, premul)?;
     let (_, max_chunk) = part(count, k, 0);
     let mut scratch = run.alloc(max_chunk * es)?;
     for c in 0..k {
@@ -139,9 +126,8 @@ where
         if len > 0 {
             let p = match premul {
                 None => run.pack(buf.send(), off, len)?,
-                Some(s) => {
-                    run.copy(&mut scratch, 0, buf.send(), off, len)?;
-                    run.scale(&mut scratch, 0, len, s)?;
+                Some(_) => {
+                    stage(run, &mut scratch, buf.send(), off, len, premul)?;
                     run.pack(&scratch, 0, len)?
                 }
             };
@@ -160,10 +146,7 @@ where
                 let out_off = out_base + (off - r * block);
                 run.unpack_reduce(buf.recv(), out_off, &p, op)?;
             } else {
-                run.copy(&mut scratch, 0, buf.send(), off, len)?;
-                if let Some(s) = premul {
-                    run.scale(&mut scratch, 0, len, s)?;
-                }
+                stage(run, &mut scratch, buf.send(), off, len, premul)?;
                 run.unpack_reduce(&mut scratch, 0, &p, op)?;
                 run.send_from(right, step(t + 1, k, c), off, &scratch, 0, len)
                     .await?;
@@ -192,11 +175,8 @@ where
     let r = run.rank as usize;
     let es = run.es();
     let phases = n - 1;
-    let ce = run.chunk_elems(count, phases)?;
-    let k = count.div_ceil(ce).max(1);
-    run.plan(phases * k);
-    let right = ((r + 1) % n) as u32;
-    let left = ((r + n - 1) % n) as u32;
+    let (_, k) = run.schedule(count, phases)?;
+    let (left, right) = neighbours(r, n);
     let chunk = |b: usize, c: usize| {
         let (cs, cl) = part(count, k, c);
         ((b * count + cs) * es, cl * es)
@@ -239,11 +219,8 @@ where
     let r = run.rank as usize;
     let es = run.es();
     let vr = (r + n - root) % n;
-    let prev = ((r + n - 1) % n) as u32;
-    let next = ((r + 1) % n) as u32;
-    let ce = run.chunk_elems(count, 1)?;
-    let k = count.div_ceil(ce);
-    run.plan(k);
+    let (prev, next) = neighbours(r, n);
+    let (ce, k) = run.schedule(count, 1)?;
     for c in 0..k {
         let (s, l) = cut(count, ce, c);
         let (off, len) = (s * es, l * es);
@@ -282,21 +259,11 @@ where
     let premul = reduction.premul();
     let vr = (r + n - root) % n;
     // Data flows from higher virtual ranks to lower: vr+1 → vr → vr-1.
-    let from = ((r + 1) % n) as u32;
-    let to = ((r + n - 1) % n) as u32;
-    let ce = run.chunk_elems(count, 1)?;
-    let k = count.div_ceil(ce);
-    run.plan(k);
+    let (to, from) = neighbours(r, n);
+    let (ce, k) = run.schedule(count, 1)?;
     let bytes = count * es;
     if vr == 0 {
-        if let Buffer::Separate { send, recv } = &mut buf {
-            run.touch();
-            run.copy(recv, 0, send, 0, bytes)?;
-        }
-        if let Some(s) = premul {
-            run.touch();
-            run.scale(buf.recv(), 0, bytes, s)?;
-        }
+        seed(run, &mut buf, 0, 0, bytes, premul)?;
     }
     let mut scratch = if vr == 0 {
         None
@@ -321,10 +288,7 @@ where
                 let p = if incoming.is_none() && premul.is_none() {
                     run.pack(buf.send(), off, len)?
                 } else {
-                    run.copy(scratch, 0, buf.send(), off, len)?;
-                    if let Some(s) = premul {
-                        run.scale(scratch, 0, len, s)?;
-                    }
+                    stage(run, scratch, buf.send(), off, len, premul)?;
                     if let Some(p) = &incoming {
                         run.unpack_reduce(scratch, 0, p, op)?;
                     }
@@ -338,4 +302,9 @@ where
         run.divide(buf.recv(), 0, bytes, n as u32)?;
     }
     Ok(())
+}
+
+/// The ranks to the left (`r - 1`) and to the right (`r + 1`) of `r` on a ring of `n`.
+fn neighbours(r: usize, n: usize) -> (u32, u32) {
+    (((r + n - 1) % n) as u32, ((r + 1) % n) as u32)
 }

@@ -5,7 +5,7 @@
 //! `vr` is `vr` without its lowest set bit, its children `vr + 2^j` for `2^j` below that
 //! bit. Schedule step: the chunk index.
 
-use crate::algo::{cut, step};
+use crate::algo::{cut, seed, stage, step};
 use crate::device::Device;
 use crate::error::OpError;
 use crate::link::Link;
@@ -48,9 +48,7 @@ where
     let es = run.es();
     let real = |v: usize| ((v + root) % n) as u32;
     let (parent, children) = family((r + n - root) % n, n);
-    let ce = run.chunk_elems(count, 1)?;
-    let k = count.div_ceil(ce);
-    run.plan(k);
+    let (ce, k) = run.schedule(count, 1)?;
     for c in 0..k {
         let (s, l) = cut(count, ce, c);
         let (off, len) = (s * es, l * es);
@@ -99,20 +97,11 @@ where
     let premul = reduction.premul();
     let real = |v: usize| ((v + root) % n) as u32;
     let (parent, children) = family((r + n - root) % n, n);
-    let ce = run.chunk_elems(count, 1)?;
-    let k = count.div_ceil(ce);
-    run.plan(k);
+    let (ce, k) = run.schedule(count, 1)?;
     let bytes = count * es;
     let mut scratch = match parent {
         None => {
-            if let Buffer::Separate { send, recv } = &mut buf {
-                run.touch();
-                run.copy(recv, 0, send, 0, bytes)?;
-            }
-            if let Some(s) = premul {
-                run.touch();
-                run.scale(buf.recv(), 0, bytes, s)?;
-            }
+            seed(run, &mut buf, 0, 0, bytes, premul)?;
             None
         }
         Some(_) => Some(run.alloc(ce.min(count) * es)?),
@@ -125,10 +114,7 @@ where
                 let payload = if children.is_empty() && premul.is_none() {
                     run.pack(buf.send(), off, len)?
                 } else {
-                    run.copy(scratch, 0, buf.send(), off, len)?;
-                    if let Some(s) = premul {
-                        run.scale(scratch, 0, len, s)?;
-                    }
+                    stage(run, scratch, buf.send(), off, len, premul)?;
                     for &child in &children {
                         let q = run.recv(real(child), step(0, k, c), off, len).await?;
                         run.unpack_reduce(scratch, 0, &q, op)?;

@@ -79,20 +79,12 @@ impl QuicLink {
     }
 
     async fn send_chunk(&self, tag: Tag, payload: Bytes) -> Result<(), LinkError> {
-        if let Some(err) = self.matcher.terminal() {
-            return Err(err);
-        }
-        // The only suspension point; after it the frame is queued whole.
-        let credit = self.matcher.acquire(payload.len()).await?;
-        let mut out = self.outbound.lock();
-        let mut frame = match out.admit(&self.matcher, &tag, payload) {
-            Ok(frame) => frame,
-            Err(e) => {
-                drop(out);
-                self.matcher.release(credit);
-                return Err(e);
-            }
-        };
+        let (matcher, len) = (&*self.matcher, payload.len());
+        let (mut out, mut frame, credit) =
+            outbound::admit_under_credit(&self.outbound, matcher, len, |out| {
+                out.admit(matcher, &tag, payload)
+            })
+            .await?;
         frame.credit = Some(credit);
         let wake = out.push(frame);
         drop(out);

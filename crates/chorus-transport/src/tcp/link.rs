@@ -188,21 +188,14 @@ impl TcpLink {
     /// What `send_bytes` does: like `send_chunk`, but the payload is the caller's borrowed
     /// bytes, copied only as far as the socket does not take them at once.
     async fn send_slice(&self, tag: Tag, data: &[u8]) -> Result<(), LinkError> {
-        if let Some(err) = self.matcher.terminal() {
-            return Err(err);
-        }
-        // The only suspension point, before anything is numbered or written: a future
-        // dropped here leaves no trace (the engine then sends a payload instead).
-        let credit = self.matcher.acquire(data.len()).await?;
-        let mut out = self.outbound.lock();
-        let mut frame = match out.admit_len(&self.matcher, &tag, data.len()) {
-            Ok(frame) => frame,
-            Err(e) => {
-                drop(out);
-                self.matcher.release(credit);
-                return Err(e);
-            }
-        };
+        // A future dropped while it awaits credit leaves no trace (the engine then sends a
+        // payload instead).
+        let (matcher, len) = (&*self.matcher, data.len());
+        let (mut out, mut frame, credit) =
+            outbound::admit_under_credit(&self.outbound, matcher, len, |out| {
+                out.admit_len(matcher, &tag, len)
+            })
+            .await?;
         let mut written = 0;
         if out.is_idle() {
             match socket::send_vectored(self.io.fd(), &frame.head, data) {
@@ -240,21 +233,12 @@ impl TcpLink {
     }
 
     async fn send_chunk(&self, tag: Tag, payload: Bytes) -> Result<(), LinkError> {
-        if let Some(err) = self.matcher.terminal() {
-            return Err(err);
-        }
-        // Awaiting credit is the only suspension point; once it is granted the frame is
-        // written or queued whole, so dropping this future never leaves a partial frame.
-        let credit = self.matcher.acquire(payload.len()).await?;
-        let mut out = self.outbound.lock();
-        let mut frame = match out.admit(&self.matcher, &tag, payload) {
-            Ok(frame) => frame,
-            Err(e) => {
-                drop(out);
-                self.matcher.release(credit);
-                return Err(e);
-            }
-        };
+        let (matcher, len) = (&*self.matcher, payload.len());
+        let (mut out, mut frame, credit) =
+            outbound::admit_under_credit(&self.outbound, matcher, len, |out| {
+                out.admit(matcher, &tag, payload)
+            })
+            .await?;
         if out.is_idle() && direct(frame.payload.len(), self.io.zero_copy_from()) {
             let (head, rest) = frame.rest();
             match socket::send_vectored(self.io.fd(), head, rest) {

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use chorus_engine::link::Tag;
+use chorus_engine::link::{CancelReason, Link, LinkError, Tag};
 use chorus_protocol::message::{Message, Role};
 use chorus_protocol::{
-    Collective, CommId, ConnectorConfig, DType, Decoder, Encoder, Envelope, Epoch, Frame, Gate,
-    JobSecret, Limits, OpSeq, Rank, Side,
+    CloseCode, Collective, CommId, ConnectorConfig, DType, Decoder, Encoder, Envelope, Epoch,
+    Frame, Gate, JobSecret, Limits, OpSeq, Rank, Side,
 };
 use chorus_transport::{RawConnection, Route, fresh};
 
@@ -235,4 +235,64 @@ impl RawPeer {
             }
         }
     }
+}
+
+/// `cancel` on `x` fails its pending receive synchronously, later sends fail with the same
+/// reason, a second cancel changes nothing, and `y`, its peer, sees the departure with the
+/// code and `detail`, also through `failure` with no operation asking. `wait` bounds the
+/// peer's wait for the departure.
+pub async fn cancel_is_local_and_immediate<L: Link<Bytes>>(
+    x: &L,
+    y: &L,
+    detail: &'static str,
+    wait: Duration,
+) {
+    let peer_recv = y.recv(tag(9, 0));
+    let mut pending = std::pin::pin!(x.recv(tag(7, 0)));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(pending.as_mut().poll(&mut cx).is_pending());
+    let reason = CancelReason::new(CloseCode::ABORTED, detail);
+    let t0 = Instant::now();
+    x.cancel(reason.clone());
+    // Failed synchronously inside cancel(): no executor round trip, no peer involved.
+    let std::task::Poll::Ready(r) = pending.as_mut().poll(&mut cx) else {
+        panic!("pending recv still pending after cancel");
+    };
+    // The contract is 5 ms; the proof that it holds is that the future is ready at the
+    // very next poll, with no executor round trip. The time bound only catches a cancel
+    // that blocks, with room for a loaded machine's preemption.
+    assert!(
+        t0.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(r, Err(LinkError::Cancelled(reason.clone())));
+    assert_eq!(
+        x.send(tag(8, 0), Bytes::new()).await,
+        Err(LinkError::Cancelled(reason.clone()))
+    );
+    x.cancel(CancelReason::new(CloseCode::LEFT, "second"));
+    assert_eq!(x.failure(), Some(LinkError::Cancelled(reason)));
+    let seen = tokio::time::timeout(wait, peer_recv).await.unwrap();
+    assert_eq!(
+        seen,
+        Err(LinkError::PeerDeparted {
+            code: CloseCode::ABORTED,
+            detail: detail.into()
+        })
+    );
+    assert_eq!(y.failure(), seen.err());
+}
+
+/// Wait up to 5 s for a peer process to exit; kill it and fail the test if it does not.
+pub fn reap(child: &mut std::process::Child) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    panic!("peer process not reaped within 5 s");
 }
