@@ -168,11 +168,11 @@ pub(crate) fn decode_body(
         Kind::Hello => archive!(Hello, Hello, canonical_by_length),
         Kind::HelloAck => archive!(HelloAck, HelloAck, canonical_by_length),
         Kind::Heartbeat => archive!(Heartbeat, Heartbeat, canonical_by_length),
-        Kind::Revoke => archive!(Revoke, Revoke, canonical_by_length),
         Kind::Prepare => archive!(Prepare, Prepare, canonical_by_length),
         Kind::StatusRequest => archive!(StatusRequest, StatusRequest, canonical_by_length),
-        // Notice holds an enum with payloads of different sizes: padding must be checked.
+        // These hold an enum with payloads of different sizes: padding must be checked.
         Kind::Notice => archive!(Notice, Notice),
+        Kind::Revoke => archive!(Revoke, Revoke),
         Kind::Reject => archive!(Reject, Reject),
         Kind::Join => archive!(Join, Join),
         Kind::Welcome => archive!(Welcome, Welcome),

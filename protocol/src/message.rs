@@ -370,6 +370,19 @@ pub struct Notice {
 pub struct Revoke {
     pub origin: Rank,
     pub hops: u16,
+    /// What made the origin revoke, when it was a member's departure or failure under
+    /// running operations (`None` for a revoke the application asked for). Every member
+    /// whose operations the revoke ends can then name that member, whichever of the revoke
+    /// and the member's own word reaches it first.
+    pub cause: Option<RevokeCause>,
+}
+
+/// The member whose departure or failure a [`Revoke`] answers, and the evidence.
+#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
+#[rkyv(derive(Debug))]
+pub struct RevokeCause {
+    pub subject: Rank,
+    pub evidence: Evidence,
 }
 
 // ---------------------------------------------------------------------------------------------

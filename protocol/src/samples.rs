@@ -14,8 +14,8 @@ use crate::ids::{CommId, Epoch, OpSeq, Rank};
 use crate::message::{
     Accept, Ballot, Chunk, ChunkHeader, Commit, Depart, Evidence, Heartbeat, Hello, HelloAck, Join,
     Message, Notice, OpRecord, OpState, PeerInfo, PeerState, PeerStatus, Prepare, Promise,
-    Proposal, Propose, Reject, Revoke, Role, StatusReply, StatusRequest, Verdict, Welcome,
-    WireAddr,
+    Proposal, Propose, Reject, Revoke, RevokeCause, Role, StatusReply, StatusRequest, Verdict,
+    Welcome, WireAddr,
 };
 
 /// The job secret the sample `Hello` and `HelloAck` proofs are computed with.
@@ -138,6 +138,12 @@ pub fn all() -> Vec<Sample> {
             Message::Revoke(Revoke {
                 origin: Rank(1),
                 hops: 2,
+                cause: Some(RevokeCause {
+                    subject: Rank(3),
+                    evidence: Evidence::Departed {
+                        code: CloseCode::NORMAL,
+                    },
+                }),
             }),
         ),
         s(

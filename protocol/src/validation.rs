@@ -43,6 +43,11 @@ pub enum Invalid {
     JoinRank { world: u32, rank: Rank },
     #[error("notice about its own origin {rank}")]
     SelfNotice { rank: Rank },
+    #[error("revoke caused by {subject} with evidence {evidence}")]
+    RevokeCause {
+        subject: Rank,
+        evidence: &'static str,
+    },
     #[error("verdict {verdict:?} with evidence {evidence}")]
     VerdictEvidence {
         verdict: Verdict,
@@ -202,6 +207,23 @@ impl Validate for Revoke {
                 field: "origin",
                 rank: self.origin,
             });
+        }
+        if let Some(cause) = self.cause {
+            if cause.subject == Rank::NONE {
+                return Err(Invalid::BadRank {
+                    field: "cause.subject",
+                    rank: cause.subject,
+                });
+            }
+            // A member does not revoke because of itself, nor on a launcher's behalf.
+            if cause.subject == self.origin
+                || matches!(cause.evidence, Evidence::LauncherWitness { .. })
+            {
+                return Err(Invalid::RevokeCause {
+                    subject: cause.subject,
+                    evidence: evidence_name(&cause.evidence),
+                });
+            }
         }
         Ok(())
     }

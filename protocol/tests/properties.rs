@@ -9,7 +9,8 @@ use bytes::{Bytes, BytesMut};
 use chorus_protocol::message::{
     Accept, Ballot, Chunk, ChunkHeader, Commit, Depart, Evidence, Heartbeat, Hello, HelloAck, Join,
     Notice, OpRecord, OpState, PeerInfo, PeerState, PeerStatus, Prepare, Promise, Proposal,
-    Propose, Reject, Revoke, Role, StatusReply, StatusRequest, Verdict, Welcome, WireAddr,
+    Propose, Reject, Revoke, RevokeCause, Role, StatusReply, StatusRequest, Verdict, Welcome,
+    WireAddr,
 };
 use chorus_protocol::{
     CloseCode, Collective, CommId, DType, DecodeError, Decoder, Encoder, Envelope, Epoch, Frame,
@@ -119,6 +120,21 @@ fn evidence() -> impl Strategy<Value = Evidence> {
         any::<i32>().prop_map(|status| Evidence::ProcessExited { status }),
         any::<i32>().prop_map(|status| Evidence::LauncherWitness { status }),
     ]
+}
+
+fn revoke() -> impl Strategy<Value = Revoke> {
+    (rank(), any::<u16>(), option::of((rank(), evidence())))
+        .prop_filter(
+            "a cause names another member, not a launcher",
+            |(o, _, c)| {
+                c.is_none_or(|(s, e)| s != *o && !matches!(e, Evidence::LauncherWitness { .. }))
+            },
+        )
+        .prop_map(|(origin, hops, cause)| Revoke {
+            origin,
+            hops,
+            cause: cause.map(|(subject, evidence)| RevokeCause { subject, evidence }),
+        })
 }
 
 fn notice() -> impl Strategy<Value = Notice> {
@@ -293,7 +309,7 @@ fn message() -> impl Strategy<Value = Message> {
             .prop_map(|(seq, digest)| Message::Heartbeat(Heartbeat { seq, digest })),
         (code(), text(512)).prop_map(|(code, detail)| Message::Depart(Depart { code, detail })),
         notice().prop_map(Message::Notice),
-        (rank(), any::<u16>()).prop_map(|(origin, hops)| Message::Revoke(Revoke { origin, hops })),
+        revoke().prop_map(Message::Revoke),
         ballot().prop_map(|ballot| Message::Prepare(Prepare { ballot })),
         (ballot(), option::of((ballot(), proposal())), ranks()).prop_map(
             |(ballot, accepted, absent)| Message::Promise(Promise {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use chorus_protocol::message::{Ballot, Evidence, PeerInfo};
+use chorus_protocol::message::{Ballot, Evidence, PeerInfo, RevokeCause};
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 
 use crate::plan::Plan;
@@ -36,7 +36,12 @@ pub enum Event {
         hops: u16,
     },
     /// The communicator at `epoch` was revoked by `origin`: no further operations at it.
-    Revoked { epoch: Epoch, origin: Rank },
+    /// `cause`: the member whose departure or failure the origin answered, if it said.
+    Revoked {
+        epoch: Epoch,
+        origin: Rank,
+        cause: Option<RevokeCause>,
+    },
     /// The members agreed on the next epoch; this member is `agreed.rank` in it.
     MembershipAgreed(Agreed),
     /// An agreement round at `epoch` ended without enough votes (`votes` of `needed`); the

@@ -1,7 +1,7 @@
 //! What the runtime hands a node: frames, connection events, local evidence, timer expiry
 //! and commands.
 
-use chorus_protocol::message::{Message, PeerInfo};
+use chorus_protocol::message::{Message, PeerInfo, RevokeCause};
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 
 /// One input to [`crate::Node::handle`]. A connection event or local evidence names the peer
@@ -72,8 +72,10 @@ pub enum Command {
     /// Abort locally: a departure with `CloseCode::ABORTED`. Never waits on a peer; repeats
     /// are no-ops.
     Abort,
-    /// Revoke the communicator at the current epoch on every member.
-    Revoke,
+    /// Revoke the communicator at the current epoch on every member; `cause` names the
+    /// member whose departure or failure under running operations made this member revoke
+    /// (`None`: the application asked).
+    Revoke { cause: Option<RevokeCause> },
     /// Agree with the other survivors on the next epoch without the absent members.
     Shrink,
     /// Admit these processes as new members at the next epoch (grow). This member

@@ -460,9 +460,17 @@ impl Node {
         match command {
             Command::Depart { code, detail } => self.depart(code, detail),
             Command::Abort => self.depart(CloseCode::ABORTED, "aborted".to_owned()),
-            Command::Revoke => {
+            Command::Revoke { cause } => {
                 let me = self.view.rank();
-                self.revoke(me, 0, None, now);
+                self.revoke(
+                    Revoke {
+                        origin: me,
+                        hops: 0,
+                        cause,
+                    },
+                    None,
+                    now,
+                );
             }
             Command::Shrink => {
                 let (agreement, ctx, out) = self.agreement_parts(now);
@@ -500,8 +508,8 @@ impl Node {
             self.stats.notices += 1;
             self.send(from, epoch, Message::Notice(notice));
         }
-        if let Some(origin) = self.revocation.origin() {
-            self.send(from, epoch, Message::Revoke(Revoke { origin, hops: 0 }));
+        if let Some(revoke) = self.revocation.message() {
+            self.send(from, epoch, Message::Revoke(revoke));
         }
         // Our digest lets the sender push what it knows and we lack.
         let seq = self.detector.seq();
@@ -551,9 +559,17 @@ impl Node {
         if revoke.origin.get() >= self.view.world() {
             return Err(invalid(Kind::Revoke, "origin outside the world"));
         }
+        if revoke
+            .cause
+            .is_some_and(|c| c.subject.get() >= self.view.world())
+        {
+            return Err(invalid(Kind::Revoke, "cause outside the world"));
+        }
         self.revoke(
-            revoke.origin,
-            revoke.hops.saturating_add(1),
+            Revoke {
+                hops: revoke.hops.saturating_add(1),
+                ..revoke
+            },
             Some(from),
             now,
         );
@@ -692,17 +708,28 @@ impl Node {
         self.decided(decided, now);
     }
 
-    fn revoke(&mut self, origin: Rank, hops: u16, from: Option<Rank>, now: Instant) {
-        if !self.revocation.revoke(origin) {
+    /// Applies `revoke` (as received, `hops` already counted) the first time, and forwards
+    /// it as it came: origin and cause unchanged.
+    fn revoke(&mut self, revoke: Revoke, from: Option<Rank>, now: Instant) {
+        let Revoke {
+            origin,
+            hops,
+            cause,
+        } = revoke;
+        if !self.revocation.revoke(origin, cause) {
             return;
         }
         self.knowledge_at = now;
         let epoch = self.view.epoch();
-        tracing::info!(at = %now, rank = %self.view.rank(), %epoch, %origin, hops, "communicator revoked");
-        self.out.events.push_back(Event::Revoked { epoch, origin });
+        tracing::info!(at = %now, rank = %self.view.rank(), %epoch, %origin, hops, ?cause, "communicator revoked");
+        self.out.events.push_back(Event::Revoked {
+            epoch,
+            origin,
+            cause,
+        });
         let targets: Vec<Rank> = self.fingers.targets(from).collect();
         for to in targets {
-            self.send(to, epoch, Message::Revoke(Revoke { origin, hops }));
+            self.send(to, epoch, Message::Revoke(revoke));
         }
     }
 
@@ -1098,6 +1125,7 @@ mod tests {
     use chorus_protocol::OpSeq;
     use chorus_protocol::message::{
         Accept, Ballot, Chunk, ChunkHeader, Prepare, Promise, Proposal, Propose, Reject,
+        RevokeCause,
     };
 
     use super::*;
@@ -1533,12 +1561,14 @@ mod tests {
     #[test]
     fn revoke_is_idempotent_and_floods_once() {
         let mut n = node(8, 3);
-        n.handle(ms(1), Input::Command(Command::Revoke)).unwrap();
+        n.handle(ms(1), Input::Command(Command::Revoke { cause: None }))
+            .unwrap();
         assert_eq!(
             events(&mut n),
             vec![Event::Revoked {
                 epoch: Epoch(0),
-                origin: Rank(3)
+                origin: Rank(3),
+                cause: None,
             }]
         );
         assert_eq!(
@@ -1548,7 +1578,8 @@ mod tests {
                 .count(),
             3
         );
-        n.handle(ms(2), Input::Command(Command::Revoke)).unwrap();
+        n.handle(ms(2), Input::Command(Command::Revoke { cause: None }))
+            .unwrap();
         n.handle(
             ms(2),
             frame(
@@ -1557,6 +1588,7 @@ mod tests {
                 Message::Revoke(Revoke {
                     origin: Rank(1),
                     hops: 0,
+                    cause: None,
                 }),
             ),
         )
@@ -1573,6 +1605,78 @@ mod tests {
             Digest::default(),
             "the revocation is in the digest"
         );
+    }
+
+    #[test]
+    fn a_revoke_carries_its_cause_to_every_member_unchanged() {
+        let cause = RevokeCause {
+            subject: Rank(5),
+            evidence: Evidence::Departed {
+                code: CloseCode::NORMAL,
+            },
+        };
+        // The origin: its event and every copy it sends name the cause.
+        let mut origin = node(8, 3);
+        origin
+            .handle(
+                ms(1),
+                Input::Command(Command::Revoke { cause: Some(cause) }),
+            )
+            .unwrap();
+        assert_eq!(
+            events(&mut origin),
+            vec![Event::Revoked {
+                epoch: Epoch(0),
+                origin: Rank(3),
+                cause: Some(cause),
+            }]
+        );
+        let sent: Vec<Revoke> = transmits(&mut origin)
+            .into_iter()
+            .filter_map(|t| match t.message {
+                Message::Revoke(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert!(!sent.is_empty());
+        assert!(sent.iter().all(|r| r.cause == Some(cause) && r.hops == 0));
+        // A receiver reports it and forwards it with one more hop, cause kept.
+        let mut n = node(8, 6);
+        n.handle(ms(2), frame(3, 0, Message::Revoke(sent[0])))
+            .unwrap();
+        assert_eq!(
+            events(&mut n),
+            vec![Event::Revoked {
+                epoch: Epoch(0),
+                origin: Rank(3),
+                cause: Some(cause),
+            }]
+        );
+        let forwarded: Vec<Revoke> = transmits(&mut n)
+            .into_iter()
+            .filter_map(|t| match t.message {
+                Message::Revoke(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert!(!forwarded.is_empty());
+        assert!(
+            forwarded
+                .iter()
+                .all(|r| r.cause == Some(cause) && r.origin == Rank(3) && r.hops == 1)
+        );
+        // A cause naming a rank outside the world is refused.
+        let mut m = node(8, 6);
+        let bad = Revoke {
+            origin: Rank(3),
+            hops: 0,
+            cause: Some(RevokeCause {
+                subject: Rank(8),
+                ..cause
+            }),
+        };
+        assert!(m.handle(ms(2), frame(3, 0, Message::Revoke(bad))).is_err());
+        assert!(events(&mut m).is_empty());
     }
 
     #[test]

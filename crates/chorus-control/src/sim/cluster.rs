@@ -799,7 +799,7 @@ impl Cluster {
                     epoch,
                     learned,
                 });
-                self.handle(proc, Input::Command(Command::Revoke));
+                self.handle(proc, Input::Command(Command::Revoke { cause: None }));
             }
             FaultKind::Admit(n) => {
                 let mut infos = Vec::new();

@@ -16,7 +16,8 @@ use chorus_control::{Agreed, Command, Event, Input, Node, Witness};
 use chorus_engine::LinkError;
 use chorus_engine::context::AbortReason;
 use chorus_protocol::message::{
-    Evidence, Message, PeerInfo, PeerState, PeerStatus, Role, StatusReply, Verdict, Welcome,
+    Evidence, Message, PeerInfo, PeerState, PeerStatus, RevokeCause, Role, StatusReply, Verdict,
+    Welcome,
 };
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 use chorus_transport::{ControlChannel, Fingerprint};
@@ -471,7 +472,13 @@ impl Driver {
             self.input(Input::ConnectionClosed { peer, epoch, code });
         } else if epoch == self.node.epoch() {
             Shared::lock(&self.shared.departed).insert((epoch, peer));
-            self.input(Input::Command(Command::Revoke));
+            // The revoke names the departure, so that every member reports it even where
+            // the revoke arrives before the leaver's own word.
+            let cause = RevokeCause {
+                subject: peer,
+                evidence: Evidence::Departed { code },
+            };
+            self.input(Input::Command(Command::Revoke { cause: Some(cause) }));
         }
     }
 
@@ -544,7 +551,7 @@ impl Driver {
                 }
             }
             Request::Revoke { reply } => {
-                self.input(Input::Command(Command::Revoke));
+                self.input(Input::Command(Command::Revoke { cause: None }));
                 let _ = reply.send(());
             }
             Request::Depart {
@@ -1068,12 +1075,8 @@ impl Driver {
                 evidence,
                 ..
             } => {
-                let reason = AbortReason::PeerFailed { rank, evidence };
-                self.shared.record_error(
-                    Error::new(ErrorKind::PeerFailed, reason.to_string())
-                        .with_peer(rank)
-                        .with_evidence(evidence),
-                );
+                let (reason, error) = failure(rank, evidence);
+                self.shared.record_error(error);
                 self.abort_epoch(epoch, reason);
                 // `evicted`: the receiver was declared absent (SPEC.md, "Codes"). A frozen
                 // peer reads it from its data links when it resumes, and stops.
@@ -1094,61 +1097,65 @@ impl Driver {
                         }
                     }
                 } else {
-                    let reason = AbortReason::PeerDeparted { rank, code };
-                    self.shared.record_error(
-                        Error::new(kind_of_close(code), reason.to_string()).with_peer(rank),
-                    );
+                    let (reason, error) = departure(rank, code);
+                    self.shared.record_error(error);
                     self.abort_epoch(epoch, reason);
                 }
             }
-            Event::Revoked { epoch, origin } => {
-                // A revoke that follows a graceful leave under running operations (see
-                // `on_data_departed`) names the departure: that is what happened.
-                // Known from the control plane, or from this member's own link to the one
-                // that left (its departure reaches every peer's link directly; the revoke
-                // may overtake the control plane's word of it).
-                let on_links = self
-                    .live_epochs()
-                    .into_iter()
-                    .filter(|h| h.epoch == epoch)
-                    .flat_map(|h| {
-                        h.links
-                            .iter()
-                            .filter(|l| {
-                                matches!(
-                                    l.failure(),
-                                    Some(LinkError::PeerDeparted {
-                                        code: CloseCode::NORMAL | CloseCode::LEFT,
-                                        ..
-                                    })
-                                )
-                            })
-                            .map(|l| l.peer())
-                            .collect::<Vec<_>>()
-                    })
-                    .min();
-                let departed = Shared::lock(&self.shared.departed)
-                    .iter()
-                    .filter(|(e, _)| *e == epoch)
-                    .map(|(_, r)| *r)
-                    .min()
-                    .or(on_links);
-                let reason = match departed {
-                    Some(rank) => AbortReason::PeerDeparted {
-                        rank,
-                        code: CloseCode::NORMAL,
-                    },
-                    None => AbortReason::Revoked {
-                        origin: Some(origin),
-                    },
+            Event::Revoked {
+                epoch,
+                origin,
+                cause,
+            } => {
+                // A revoke that answers a departure or failure under running operations
+                // (see `on_data_departed`) names it: that is what happened. The origin says
+                // so in the revoke; failing that (an origin that revoked on the
+                // application's word), this member may know it from the control plane or
+                // from its own link to the one that left.
+                let departed_here = || {
+                    let on_links = self
+                        .live_epochs()
+                        .into_iter()
+                        .filter(|h| h.epoch == epoch)
+                        .flat_map(|h| {
+                            h.links
+                                .iter()
+                                .filter(|l| {
+                                    matches!(
+                                        l.failure(),
+                                        Some(LinkError::PeerDeparted {
+                                            code: CloseCode::NORMAL | CloseCode::LEFT,
+                                            ..
+                                        })
+                                    )
+                                })
+                                .map(|l| l.peer())
+                                .collect::<Vec<_>>()
+                        })
+                        .min();
+                    Shared::lock(&self.shared.departed)
+                        .iter()
+                        .filter(|(e, _)| *e == epoch)
+                        .map(|(_, r)| *r)
+                        .min()
+                        .or(on_links)
                 };
-                let error = match departed {
-                    Some(rank) => Error::new(ErrorKind::PeerDeparted, reason.to_string())
-                        .with_peer(rank)
-                        .with_evidence(Evidence::Departed {
-                            code: CloseCode::NORMAL,
-                        }),
-                    None => Error::new(ErrorKind::Revoked, reason.to_string()),
+                let (reason, error) = match cause {
+                    Some(RevokeCause {
+                        subject,
+                        evidence: Evidence::Departed { code },
+                    }) => departure(subject, code),
+                    Some(RevokeCause { subject, evidence }) => failure(subject, evidence),
+                    None => match departed_here() {
+                        Some(rank) => departure(rank, CloseCode::NORMAL),
+                        None => {
+                            let reason = AbortReason::Revoked {
+                                origin: Some(origin),
+                            };
+                            let error = Error::new(ErrorKind::Revoked, reason.to_string());
+                            (reason, error)
+                        }
+                    },
                 };
                 self.shared.record_error(error);
                 self.abort_epoch(epoch, reason);
@@ -1319,4 +1326,22 @@ pub(crate) fn control_config(config: &crate::Config) -> chorus_control::Config {
     c.observers = config.observers;
     c.quorum = config.quorum;
     c
+}
+
+/// The abort reason and error for `rank` declared dead on `evidence`.
+fn failure(rank: Rank, evidence: Evidence) -> (AbortReason, Error) {
+    let reason = AbortReason::PeerFailed { rank, evidence };
+    let error = Error::new(ErrorKind::PeerFailed, reason.to_string())
+        .with_peer(rank)
+        .with_evidence(evidence);
+    (reason, error)
+}
+
+/// The abort reason and error for `rank`'s departure with `code`.
+fn departure(rank: Rank, code: CloseCode) -> (AbortReason, Error) {
+    let reason = AbortReason::PeerDeparted { rank, code };
+    let error = Error::new(kind_of_close(code), reason.to_string())
+        .with_peer(rank)
+        .with_evidence(Evidence::Departed { code });
+    (reason, error)
 }
