@@ -1607,6 +1607,17 @@ mod tests {
         );
     }
 
+    /// The revokes among `n`'s transmits.
+    fn revokes(n: &mut Node) -> Vec<Revoke> {
+        transmits(n)
+            .into_iter()
+            .filter_map(|t| match t.message {
+                Message::Revoke(r) => Some(r),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn a_revoke_carries_its_cause_to_every_member_unchanged() {
         let cause = RevokeCause {
@@ -1631,13 +1642,7 @@ mod tests {
                 cause: Some(cause),
             }]
         );
-        let sent: Vec<Revoke> = transmits(&mut origin)
-            .into_iter()
-            .filter_map(|t| match t.message {
-                Message::Revoke(r) => Some(r),
-                _ => None,
-            })
-            .collect();
+        let sent = revokes(&mut origin);
         assert!(!sent.is_empty());
         assert!(sent.iter().all(|r| r.cause == Some(cause) && r.hops == 0));
         // A receiver reports it and forwards it with one more hop, cause kept.
@@ -1652,13 +1657,7 @@ mod tests {
                 cause: Some(cause),
             }]
         );
-        let forwarded: Vec<Revoke> = transmits(&mut n)
-            .into_iter()
-            .filter_map(|t| match t.message {
-                Message::Revoke(r) => Some(r),
-                _ => None,
-            })
-            .collect();
+        let forwarded = revokes(&mut n);
         assert!(!forwarded.is_empty());
         assert!(
             forwarded
