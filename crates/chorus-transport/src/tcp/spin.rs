@@ -6,15 +6,32 @@
 //! a large transfer takes cycles from the very ranks that produce it. So the budget halves
 //! after every receive that had to park anyway, down to a sixteenth of the configured one,
 //! and doubles back after every receive the spin caught.
+//!
+//! A spin also watches whether its core is crowded (a `sched_yield` that ran another
+//! thread) and, after enough crowded receives in a row, sleeps once instead of yielding:
+//! see [`SpinBudget::nap_now`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
+
+/// A `sched_yield` that took this long ran another thread on this core meanwhile.
+const CROWDED_YIELD: Duration = Duration::from_micros(3);
+/// Receives in a row that found their core crowded before the first nap (see
+/// [`SpinBudget::nap_now`]); each nap doubles it, up to `CROWDED_MAX_STREAK`.
+const CROWDED_FIRST_STREAK: u32 = 4;
+const CROWDED_MAX_STREAK: u32 = 4096;
+/// How long a crowded spin sleeps (the kernel's timer slack makes it tens of µs).
+pub(crate) const CROWDED_NAP: Duration = Duration::from_micros(1);
 
 #[derive(Debug)]
 pub(crate) struct SpinBudget {
     max_ns: u64,
     min_ns: u64,
     now_ns: AtomicU64,
+    /// Receives in a row whose spin found the core crowded.
+    streak: AtomicU32,
+    /// The streak at which a crowded spin naps.
+    need: AtomicU32,
 }
 
 impl SpinBudget {
@@ -24,6 +41,48 @@ impl SpinBudget {
             max_ns,
             min_ns: max_ns / 16,
             now_ns: AtomicU64::new(max_ns),
+            streak: AtomicU32::new(0),
+            need: AtomicU32::new(CROWDED_FIRST_STREAK),
+        }
+    }
+
+    /// Whether a spin whose `sched_yield` took `yielded` found its core crowded: another
+    /// thread ran on it meanwhile.
+    pub(crate) fn crowded(yielded: Duration) -> bool {
+        yielded >= CROWDED_YIELD
+    }
+
+    /// Whether a crowded spin should sleep now (for [`CROWDED_NAP`]) rather than yield
+    /// again: after enough receives in a row found the core crowded.
+    ///
+    /// Two ranks started together are often placed on the same core, and while both spin
+    /// (yielding to each other) the scheduler can leave them there for many milliseconds
+    /// with the other core idle (seen with `perf sched`: whole 8 B to 8 KiB sweeps): a
+    /// running thread is moved only by the periodic balancer, which spares threads that
+    /// are cache-hot, whereas a thread that sleeps is placed afresh, preferably on an idle
+    /// core, when it wakes. Sharing a core doubles a small operation's latency (2 ranks,
+    /// 8 B all-reduce: 15 µs instead of 7). Ranks that must share cores (more ranks than
+    /// cores) find every core crowded; for them each nap doubles the streak the next one
+    /// needs, so that naps soon become rare.
+    pub(crate) fn nap_now(&self) -> bool {
+        let need = self.need.load(Ordering::Relaxed);
+        if self.streak.load(Ordering::Relaxed) < need {
+            return false;
+        }
+        self.streak.store(0, Ordering::Relaxed);
+        self.need
+            .store((need * 2).min(CROWDED_MAX_STREAK), Ordering::Relaxed);
+        true
+    }
+
+    /// A receive's spin ended; `crowded`: whether it found the core crowded.
+    pub(crate) fn spun(&self, crowded: bool) {
+        if crowded {
+            let streak = self.streak.load(Ordering::Relaxed);
+            self.streak
+                .store(streak.saturating_add(1), Ordering::Relaxed);
+        } else {
+            self.streak.store(0, Ordering::Relaxed);
         }
     }
 
@@ -71,5 +130,32 @@ mod tests {
         off.caught();
         off.missed();
         assert_eq!(off.window(), Duration::ZERO);
+    }
+
+    #[test]
+    fn naps_after_a_crowded_streak_and_ever_more_rarely() {
+        assert!(!SpinBudget::crowded(Duration::from_nanos(500)));
+        assert!(SpinBudget::crowded(Duration::from_micros(20)));
+        let b = SpinBudget::new(Duration::from_micros(50));
+        // A calm receive breaks the streak.
+        for _ in 0..CROWDED_FIRST_STREAK - 1 {
+            b.spun(true);
+        }
+        b.spun(false);
+        assert!(!b.nap_now());
+        let mut naps = Vec::new();
+        for receive in 0..20_000u32 {
+            if b.nap_now() {
+                naps.push(receive);
+            }
+            b.spun(true);
+        }
+        // The first after CROWDED_FIRST_STREAK crowded receives, then each after twice as
+        // many as the last, up to CROWDED_MAX_STREAK apart.
+        let gaps: Vec<u32> = naps.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(naps[0], CROWDED_FIRST_STREAK);
+        assert_eq!(&gaps[..4], &[8, 16, 32, 64]);
+        assert!(gaps.iter().all(|&g| g <= CROWDED_MAX_STREAK));
+        assert_eq!(gaps.last(), Some(&CROWDED_MAX_STREAK));
     }
 }
