@@ -22,7 +22,7 @@ use super::BackendKind;
 use super::epoll::EpollConn;
 use super::reader::{Pumped, Reader};
 use super::socket;
-use super::spin::{CROWDED_NAP, SpinBudget};
+use super::spin::{CROWDED_NAP, SpinBudget, a_core_is_free};
 use super::uring::UringConn;
 use crate::inbound;
 use crate::matcher::Matcher;
@@ -179,7 +179,7 @@ impl TcpLink {
             std::thread::yield_now();
             if SpinBudget::crowded(yielding.elapsed()) {
                 crowded = true;
-                if self.spin.nap_now() {
+                if self.spin.nap_now(a_core_is_free) {
                     std::thread::sleep(CROWDED_NAP);
                 }
             }

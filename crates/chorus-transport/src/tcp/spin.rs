@@ -62,9 +62,10 @@ impl SpinBudget {
     /// are cache-hot, whereas a thread that sleeps is placed afresh, preferably on an idle
     /// core, when it wakes. Sharing a core doubles a small operation's latency (2 ranks,
     /// 8 B all-reduce: 15 µs instead of 7). Ranks that must share cores (more ranks than
-    /// cores) find every core crowded; for them each nap doubles the streak the next one
-    /// needs, so that naps soon become rare.
-    pub(crate) fn nap_now(&self) -> bool {
+    /// cores) find every core crowded: a nap cannot help them and costs tens of µs, so it
+    /// is taken only if `core_free` (see [`a_core_is_free`]) says a core is idle, and each
+    /// streak doubles the next one needed, so that even asking soon becomes rare.
+    pub(crate) fn nap_now(&self, core_free: impl FnOnce() -> bool) -> bool {
         let need = self.need.load(Ordering::Relaxed);
         if self.streak.load(Ordering::Relaxed) < need {
             return false;
@@ -72,7 +73,7 @@ impl SpinBudget {
         self.streak.store(0, Ordering::Relaxed);
         self.need
             .store((need * 2).min(CROWDED_MAX_STREAK), Ordering::Relaxed);
-        true
+        core_free()
     }
 
     /// A receive's spin ended; `crowded`: whether it found the core crowded.
@@ -106,6 +107,27 @@ impl SpinBudget {
         self.now_ns
             .store((now / 2).max(self.min_ns), Ordering::Relaxed);
     }
+}
+
+/// Whether the machine has fewer runnable threads than this process may use cores: the
+/// instantaneous count of `/proc/loadavg` (which includes the caller) against the available
+/// parallelism. Unknown (no procfs): no, so that nobody naps for nothing.
+pub(crate) fn a_core_is_free() -> bool {
+    let Ok(text) = std::fs::read_to_string("/proc/loadavg") else {
+        return false;
+    };
+    let Some(runnable) = runnable(&text) else {
+        return false;
+    };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    runnable < cores.saturating_add(1)
+}
+
+/// The runnable count of a `/proc/loadavg` line: the part before the slash of its fourth
+/// field ("0.50 0.40 0.30 2/120 4242").
+fn runnable(loadavg: &str) -> Option<usize> {
+    let field = loadavg.split_whitespace().nth(3)?;
+    field.split_once('/')?.0.parse().ok()
 }
 
 #[cfg(test)]
@@ -142,10 +164,10 @@ mod tests {
             b.spun(true);
         }
         b.spun(false);
-        assert!(!b.nap_now());
+        assert!(!b.nap_now(|| true));
         let mut naps = Vec::new();
         for receive in 0..20_000u32 {
-            if b.nap_now() {
+            if b.nap_now(|| true) {
                 naps.push(receive);
             }
             b.spun(true);
@@ -157,5 +179,34 @@ mod tests {
         assert_eq!(&gaps[..4], &[8, 16, 32, 64]);
         assert!(gaps.iter().all(|&g| g <= CROWDED_MAX_STREAK));
         assert_eq!(gaps.last(), Some(&CROWDED_MAX_STREAK));
+    }
+
+    #[test]
+    fn no_nap_without_a_free_core_yet_the_next_streak_is_still_longer() {
+        let b = SpinBudget::new(Duration::from_micros(50));
+        let mut asked = 0;
+        for _ in 0..CROWDED_FIRST_STREAK {
+            b.spun(true);
+        }
+        assert!(!b.nap_now(|| {
+            asked += 1;
+            false
+        }));
+        assert_eq!(asked, 1);
+        for _ in 0..CROWDED_FIRST_STREAK {
+            b.spun(true);
+        }
+        assert!(!b.nap_now(|| unreachable!("asked before the doubled streak")));
+    }
+
+    #[test]
+    fn reads_the_runnable_count_of_proc_loadavg() {
+        assert_eq!(runnable("0.50 0.40 0.30 2/120 4242\n"), Some(2));
+        assert_eq!(runnable("0.50 0.40 0.30 17/1200 4242"), Some(17));
+        assert_eq!(runnable(""), None);
+        assert_eq!(runnable("0.50 0.40 0.30 x/120 1"), None);
+        assert_eq!(runnable("0.50 0.40 0.30 120 1"), None);
+        // On this machine it answers at all (either way), without panicking.
+        let _ = a_core_is_free();
     }
 }
