@@ -22,7 +22,7 @@ use super::BackendKind;
 use super::epoll::EpollConn;
 use super::reader::{Pumped, Reader};
 use super::socket;
-use super::spin::SpinBudget;
+use super::spin::{CROWDED_NAP, SpinBudget, a_core_is_free};
 use super::uring::UringConn;
 use crate::inbound;
 use crate::matcher::Matcher;
@@ -162,20 +162,30 @@ impl TcpLink {
             return None;
         }
         let start = Instant::now();
-        loop {
+        let mut crowded = false;
+        let result = loop {
             self.read_socket();
             if let Some(result) = self.matcher.take(tag) {
                 self.spin.caught();
-                return Some(result);
+                break Some(result);
             }
             if start.elapsed() >= window {
                 self.spin.missed();
-                return None;
+                break None;
             }
             // On a machine with more runnable threads than cores, the peer that is to send
             // may be waiting for this core.
+            let yielding = Instant::now();
             std::thread::yield_now();
-        }
+            if SpinBudget::crowded(yielding.elapsed()) {
+                crowded = true;
+                if self.spin.nap_now(a_core_is_free) {
+                    std::thread::sleep(CROWDED_NAP);
+                }
+            }
+        };
+        self.spin.spun(crowded);
+        result
     }
 
     /// One pass over the socket on this thread, unless another thread is reading it.
