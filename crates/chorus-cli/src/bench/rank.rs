@@ -121,15 +121,13 @@ impl Mode {
 
 impl Bench {
     fn sweep(&mut self, sizes: &[u64]) -> Result<(), Error> {
-        // Links are set up by init; a few tiny calls make sure the first size does not pay
-        // for anything else that warms up.
         let mut at = 0;
         let mut warmed = false;
         while at < sizes.len() {
             let result = if warmed {
                 self.size(sizes[at])
             } else {
-                self.warm().map(|()| None)
+                self.warm(sizes).map(|()| None)
             };
             match result {
                 Ok(row) => {
@@ -151,12 +149,27 @@ impl Bench {
         Ok(())
     }
 
-    fn warm(&self) -> Result<(), Error> {
-        let mut v = [0u64; 1];
-        for _ in 0..self.sweep.warmup.clamp(1, 5) {
-            self.comm
-                .blocking()
-                .all_reduce_in_place(&mut v, Reduction::Sum)?;
+    /// nccl-tests' warm-up before the sweep: `-w` calls of the collective at the largest
+    /// size, then at the smallest (at least one). Buffers, links and the pools behind them
+    /// reach their working sizes, and ranks that started on one core have had a chance to
+    /// be spread (they sleep in the large calls) before the first timed size.
+    fn warm(&self, sizes: &[u64]) -> Result<(), Error> {
+        let (Some(&largest), Some(&smallest)) = (sizes.last(), sizes.first()) else {
+            return Ok(());
+        };
+        let elt = self.sweep.dtype.size();
+        for (bytes, calls) in [
+            (largest, self.sweep.warmup),
+            (smallest, self.sweep.warmup.max(1)),
+        ] {
+            let shape = Shape::new(self.coll, bytes, elt, self.comm.size());
+            // Zeros: every reduction of zeros stays finite and in range.
+            let send = Aligned::new(shape.send * elt);
+            let mut recv = Aligned::new(shape.send.max(shape.recv) * elt);
+            self.comm.blocking().barrier()?;
+            for _ in 0..calls {
+                self.call(&shape, Mode::OutOfPlace, send.bytes(), recv.bytes_mut())?;
+            }
         }
         self.comm.blocking().barrier()
     }
