@@ -119,7 +119,7 @@ fn main() {
     for ((kind, row, _), (p50, avg)) in table.iter().zip(&stats) {
         print!("{kind:<15}");
         for v in row {
-            print!("{v:>10.2}");
+            print!("{:>10}", cell(*v));
         }
         println!("{p50:>10.1}{avg:>10.1}");
     }
@@ -127,7 +127,7 @@ fn main() {
     for ((kind, row, _), (p50, avg)) in table.iter().zip(&stats).skip(1) {
         print!("{kind:<15}");
         for (v, b) in row.iter().zip(&table[0].1) {
-            print!("{:>10.2}", v / b);
+            print!("{:>10}", cell(v / b));
         }
         println!("{:>10.2}{:>10.2}", p50 / stats[0].0, avg / stats[0].1);
     }
@@ -390,4 +390,14 @@ fn baseline_rtt(iters: usize) -> Vec<f64> {
     }
     echo.join().expect("echo");
     samples
+}
+
+/// A table cell: two decimals, or a dash for what was not measured (`tokio-tcp` has round
+/// trips only).
+fn cell(v: f64) -> String {
+    if v.is_nan() {
+        "-".to_owned()
+    } else {
+        format!("{v:.2}")
+    }
 }
