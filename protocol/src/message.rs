@@ -345,10 +345,27 @@ pub enum Evidence {
     ConnectionLost { code: CloseCode },
     /// Nothing heard from the subject for `silent_ms` against a deadline of `deadline_ms`.
     MissedDeadline { silent_ms: u64, deadline_ms: u64 },
-    /// The subject's process exited on the observer's host (pidfd).
+    /// The subject's process exited on the observer's host (pidfd). `status` as
+    /// [`ExitStatus`] reads it.
     ProcessExited { status: i32 },
     /// The launcher saw the subject's process exit.
     LauncherWitness { status: i32 },
+}
+
+/// An exit status as `Evidence` carries it (SPEC.md): an exit code when non-negative, a
+/// signal number negated, or `i32::MIN` when the observer could not learn it (a pidfd on a
+/// process that is not its child). Displays as `status 3`, `signal 9` or `status unknown`.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub struct ExitStatus(pub i32);
+
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            i32::MIN => f.write_str("status unknown"),
+            s if s < 0 => write!(f, "signal {}", s.unsigned_abs()),
+            s => write!(f, "status {s}"),
+        }
+    }
 }
 
 /// A liveness verdict spreading by reliable broadcast.

@@ -7,7 +7,8 @@
 //! carrying the named code: `WORLD_MISMATCH` (different world size, or a rank outside it),
 //! `DUPLICATE_RANK` (the rank is taken; the first claimant keeps it). The whole wait is
 //! bounded: at the deadline every joined connection gets `Reject{DEADLINE}` naming the
-//! missing ranks, and the outcome is [`BootstrapError::Timeout`].
+//! missing ranks, and the outcome is [`BootstrapError::Timeout`]. A launcher that saw a
+//! rank's process exit ends it sooner: `Reject{ABORTED}` naming the rank.
 //!
 //! This flat root is O(N) frames and O(N²) bytes of tables; a hierarchy of roots for very
 //! large worlds is future work (DESIGN.md, "Later").
@@ -16,7 +17,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
-use chorus_protocol::message::{Join, Message, PeerInfo, Reject, Welcome};
+use chorus_protocol::message::{ExitStatus, Join, Message, PeerInfo, Reject, Welcome};
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 use thiserror::Error;
 
@@ -85,6 +86,23 @@ impl<C: Copy + Eq + fmt::Debug> Rendezvous<C> {
         }
     }
 
+    /// The launcher saw `rank`'s process exit (`status` as [`ExitStatus`] reads it) before
+    /// bootstrap finished: that rank will never join, so waiting out the deadline helps
+    /// nobody. Every joined connection gets `Reject{ABORTED}` naming it, and the outcome is
+    /// [`BootstrapError::Exited`]. After bootstrap the launcher tells the members instead
+    /// (a `LauncherWitness` notice); here it changes nothing.
+    pub fn handle_exited(&mut self, rank: Rank, status: i32) {
+        if self.outcome.is_some() || rank.get() >= self.world {
+            return;
+        }
+        let error = BootstrapError::Exited {
+            rank,
+            status: ExitStatus(status),
+        };
+        tracing::error!(error = %error, "bootstrap failed");
+        self.fail(CloseCode::ABORTED, error);
+    }
+
     /// Checks the deadline.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.outcome.is_some() || now < self.deadline {
@@ -100,10 +118,15 @@ impl<C: Copy + Eq + fmt::Debug> Rendezvous<C> {
             missing,
         };
         tracing::error!(error = %error, "bootstrap timed out");
+        self.fail(CloseCode::DEADLINE, error);
+    }
+
+    /// Ends bootstrap with `error`: every joined connection is refused with `code`.
+    fn fail(&mut self, code: CloseCode, error: BootstrapError) {
         let detail = error.to_string();
         let joined: Vec<C> = self.slots.iter().flatten().map(|(c, _)| *c).collect();
         for conn in joined {
-            self.refuse(conn, CloseCode::DEADLINE, detail.clone());
+            self.refuse(conn, code, detail.clone());
         }
         self.outcome = Some(Err(error));
     }
@@ -136,6 +159,12 @@ impl<C: Copy + Eq + fmt::Debug> Rendezvous<C> {
     fn admit(&mut self, conn: C, join: Join) -> Result<(), JoinError> {
         match &self.outcome {
             Some(Ok(_)) => return Err(JoinError::Finished),
+            Some(Err(BootstrapError::Exited { rank, status })) => {
+                return Err(JoinError::Abandoned {
+                    rank: *rank,
+                    status: *status,
+                });
+            }
             Some(Err(_)) => return Err(JoinError::TimedOut),
             None => {}
         }
@@ -210,6 +239,8 @@ pub enum JoinError {
     Finished,
     #[error("bootstrap timed out")]
     TimedOut,
+    #[error("bootstrap was abandoned: {rank}'s process ended ({status})")]
+    Abandoned { rank: Rank, status: ExitStatus },
 }
 
 impl JoinError {
@@ -222,6 +253,7 @@ impl JoinError {
             JoinError::DuplicateRank { .. } | JoinError::Finished => CloseCode::DUPLICATE_RANK,
             JoinError::SecondJoin => CloseCode::PROTOCOL_VIOLATION,
             JoinError::TimedOut => CloseCode::DEADLINE,
+            JoinError::Abandoned { .. } => CloseCode::ABORTED,
         }
     }
 }
@@ -237,6 +269,8 @@ pub enum BootstrapError {
         world: u32,
         missing: Vec<Rank>,
     },
+    #[error("{rank}'s process ended ({status}) before every rank joined")]
+    Exited { rank: Rank, status: ExitStatus },
 }
 
 fn list(ranks: &[Rank]) -> String {
@@ -382,6 +416,49 @@ mod tests {
             Err(JoinError::TimedOut)
         );
         assert_eq!(r.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_launcher_seen_exit_ends_bootstrap_at_once_naming_the_rank() {
+        let mut r = Rendezvous::new(CommId(1), 3, secs(0), Duration::from_secs(60)).unwrap();
+        r.handle_join(secs(1), 7, join(3, 0)).unwrap();
+        r.handle_join(secs(1), 8, join(3, 1)).unwrap();
+        // Out of range: not this job's rank; nothing changes.
+        r.handle_exited(Rank(3), 1);
+        assert!(r.outcome().is_none());
+        r.handle_exited(Rank(2), -9);
+        let Some(Err(e)) = r.outcome() else {
+            panic!("expected a failure")
+        };
+        assert_eq!(
+            e.to_string(),
+            "r2's process ended (signal 9) before every rank joined"
+        );
+        let (sent, closes) = drain(&mut r);
+        assert_eq!(
+            closes,
+            vec![(7, CloseCode::ABORTED), (8, CloseCode::ABORTED)]
+        );
+        assert!(sent.iter().all(|(_, m)| matches!(
+            m,
+            Message::Reject(Reject { code, detail })
+                if *code == CloseCode::ABORTED && detail.contains("r2") && detail.contains("signal 9")
+        )));
+        // A late joiner hears why, and nothing waits for the deadline any more.
+        assert_eq!(
+            r.handle_join(secs(2), 9, join(3, 2)),
+            Err(JoinError::Abandoned {
+                rank: Rank(2),
+                status: ExitStatus(-9)
+            })
+        );
+        assert_eq!(r.poll_timeout(), None);
+        // A second exit, or one after bootstrap finished, changes nothing.
+        r.handle_exited(Rank(1), 0);
+        assert!(matches!(
+            r.outcome(),
+            Some(Err(BootstrapError::Exited { rank: Rank(2), .. }))
+        ));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context as TaskContext, Poll, Waker};
 
-use chorus_protocol::message::Evidence;
+use chorus_protocol::message::{Evidence, ExitStatus};
 use chorus_protocol::{CloseCode, Collective, OpSeq, Rank};
 
 use crate::idmap::IdMap;
@@ -116,20 +116,6 @@ impl fmt::Display for AbortReason {
             AbortReason::OpFailed { op, collective } => {
                 write!(f, "{collective} {op} failed on this communicator")
             }
-        }
-    }
-}
-
-/// An exit status as the protocol carries it (SPEC.md, `Evidence`): an exit code when
-/// non-negative, a signal number negated, or `i32::MIN` when the observer could not learn it.
-struct ExitStatus(i32);
-
-impl fmt::Display for ExitStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            i32::MIN => f.write_str("status unknown"),
-            s if s < 0 => write!(f, "signal {}", s.unsigned_abs()),
-            s => write!(f, "status {s}"),
         }
     }
 }

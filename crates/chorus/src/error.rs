@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use chorus_protocol::message::Evidence;
+use chorus_protocol::message::{Evidence, ExitStatus};
 use chorus_protocol::{CloseCode, Collective, CommId, Epoch, OpSeq, Rank};
 
 /// What went wrong, coarsely: the part of the token after `chorus:`.
@@ -222,26 +222,12 @@ impl fmt::Display for EvidenceText<'_> {
             } => {
                 write!(f, "silent for {silent_ms} ms, deadline {deadline_ms} ms")
             }
-            Evidence::ProcessExited { status } => write!(f, "process exited ({})", Status(status)),
-            Evidence::LauncherWitness { status } => {
-                write!(f, "launcher saw the process exit ({})", Status(status))
+            Evidence::ProcessExited { status } => {
+                write!(f, "process exited ({})", ExitStatus(status))
             }
-        }
-    }
-}
-
-/// A wait status as the launcher and pidfd report it: exit code, or signal as negative.
-struct Status(i32);
-
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 == i32::MIN {
-            // A pidfd on a process that is not our child: it ended, how is unknown.
-            f.write_str("status unknown")
-        } else if self.0 < 0 {
-            write!(f, "signal {}", -self.0)
-        } else {
-            write!(f, "status {}", self.0)
+            Evidence::LauncherWitness { status } => {
+                write!(f, "launcher saw the process exit ({})", ExitStatus(status))
+            }
         }
     }
 }

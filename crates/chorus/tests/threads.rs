@@ -342,3 +342,47 @@ fn a_collective_a_peer_never_joins_ends_by_the_operation_deadline() {
         }
     });
 }
+
+/// A rank whose process the launcher saw exit before every rank joined will never join:
+/// the ranks already waiting in init fail at once with an error naming it, instead of at
+/// the init deadline (a crash at start-up is the most common failure of all).
+#[test]
+fn a_rank_that_exits_before_joining_fails_init_at_once_naming_it() {
+    use std::time::Instant;
+    let long = Config {
+        init_timeout: Duration::from_secs(60),
+        ..Config::default()
+    };
+    let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 3, &long).unwrap();
+    let id = root.unique_id().clone();
+    let started = Instant::now();
+    let out: Vec<_> = thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|r| {
+                let (id, long) = (id.clone(), long.clone());
+                s.spawn(move || {
+                    let got = Comm::init_blocking(&id, r, 3, long);
+                    (got.map(|_| ()), started.elapsed())
+                })
+            })
+            .collect();
+        // As `chorus run` does when it reaps rank 2, killed by SIGKILL at start-up.
+        thread::sleep(Duration::from_millis(300));
+        root.witness_exit(chorus::Rank(2), -9);
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, (got, took)) in out.into_iter().enumerate() {
+        let e = got.expect_err("rank 2 never joins");
+        println!("rank {rank} after {took:?}: {e}");
+        assert_eq!(e.kind(), chorus::ErrorKind::Bootstrap, "rank {rank}: {e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("r2") && text.contains("signal 9"),
+            "rank {rank}: the error should name r2 and how it ended: {e}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "rank {rank}: init ended after {took:?}, not at once"
+        );
+    }
+}

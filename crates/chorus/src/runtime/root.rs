@@ -36,9 +36,10 @@ pub struct RootHost {
     id: UniqueId,
     world: u32,
     quic: QuicEndpoint,
-    handle: tokio::runtime::Handle,
     members: Arc<Mutex<Option<Vec<PeerInfo>>>>,
     stop: Option<oneshot::Sender<()>>,
+    /// Exits the launcher witnessed, for the serving task (`witness_exit`).
+    exits: mpsc::UnboundedSender<(Rank, i32)>,
     exited: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     teardown: Duration,
 }
@@ -81,6 +82,7 @@ impl RootHost {
         }
         let (ready_tx, ready_rx) = oneshot::channel();
         let (exited_tx, exited_rx) = std::sync::mpsc::channel();
+        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         let config = config.clone();
         let members = Arc::new(Mutex::new(None));
         let shared = members.clone();
@@ -126,13 +128,8 @@ impl RootHost {
                         secret,
                     };
                     let (stop_tx, stop_rx) = oneshot::channel();
-                    let _ = ready_tx.send(Ok((
-                        id,
-                        quic.clone(),
-                        tokio::runtime::Handle::current(),
-                        stop_tx,
-                    )));
-                    serve(quic, comm, world, config, shared, stop_rx).await;
+                    let _ = ready_tx.send(Ok((id, quic.clone(), stop_tx)));
+                    serve(quic, comm, world, config, shared, stop_rx, exits_rx).await;
                 });
                 drop(rt);
                 let _ = exited_tx.send(());
@@ -143,16 +140,16 @@ impl RootHost {
                 format!("cannot start the root: {e}"),
             ));
         }
-        let (id, quic, handle, stop) = ready_rx.await.map_err(|_| {
+        let (id, quic, stop) = ready_rx.await.map_err(|_| {
             Error::new(ErrorKind::Internal, "the root thread ended while starting")
         })??;
         Ok(RootHost {
             id,
             world,
             quic,
-            handle,
             members,
             stop: Some(stop),
+            exits: exits_tx,
             exited: Mutex::new(Some(exited_rx)),
             teardown: Duration::from_secs(2),
         })
@@ -174,57 +171,66 @@ impl RootHost {
     }
 
     /// Tells the job that `rank`'s process exited with `status` (negative: killed by that
-    /// signal), as the launcher that witnessed it: a `Notice` with `LauncherWitness`
-    /// evidence to up to three of its neighbours, which spread it. Best effort and bounded;
-    /// it returns at once. Valid for the first epoch's numbering.
+    /// signal), as the launcher that witnessed it. Before every rank has joined, bootstrap
+    /// ends at once with a `Reject` naming the rank (it will never join; nobody waits out
+    /// the init deadline for it). After, a `Notice` with `LauncherWitness` evidence goes to
+    /// up to three of its neighbours, which spread it. Best effort and bounded; it returns
+    /// at once. Valid for the first epoch's numbering.
     pub fn witness_exit(&self, rank: Rank, status: i32) {
-        let Some(members) = self.members() else {
-            return;
-        };
-        let n = members.len();
-        if rank.index() >= n || n < 2 {
-            return;
-        }
-        let targets: Vec<PeerInfo> = [1, 2, n - 1]
-            .iter()
-            .map(|d| (rank.index() + d) % n)
-            .filter(|&i| i != rank.index())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .map(|i| members[i].clone())
-            .collect();
-        let (quic, comm) = (self.quic.clone(), self.id.comm);
-        self.handle.spawn(async move {
-            let notice = Notice {
-                origin: Rank::NONE,
-                subject: rank,
-                verdict: Verdict::Dead,
-                evidence: Evidence::LauncherWitness { status },
-                hops: 0,
-            };
-            let sends = targets.into_iter().map(|peer| {
-                let quic = quic.clone();
-                async move {
-                    let route = Envelope::new(comm, Epoch(0), Rank::NONE);
-                    let connect = quic.connect(
-                        socket_addr(&peer.control),
-                        Fingerprint(peer.fingerprint),
-                        Role::Launcher,
-                        route,
-                        peer.rank,
-                    );
-                    let ch = tokio::time::timeout(Duration::from_secs(2), connect).await;
-                    if let Ok(Ok(conn)) = ch {
-                        let ch = conn.into_control();
-                        let sent = ch.send(Message::Notice(notice));
-                        let _ = tokio::time::timeout(Duration::from_secs(1), sent).await;
-                        ch.close(CloseCode::NORMAL, "witness delivered");
-                    }
-                }
-            });
-            futures::future::join_all(sends).await;
-        });
+        // The serving task decides which of the two applies, so an exit that races the
+        // last join is still told to someone.
+        let _ = self.exits.send((rank, status));
     }
+}
+
+/// Sends `rank`'s witnessed exit to up to three of its neighbours in `members`.
+async fn witness(
+    quic: QuicEndpoint,
+    comm: CommId,
+    members: Vec<PeerInfo>,
+    rank: Rank,
+    status: i32,
+) {
+    let n = members.len();
+    if rank.index() >= n || n < 2 {
+        return;
+    }
+    let targets: Vec<PeerInfo> = [1, 2, n - 1]
+        .iter()
+        .map(|d| (rank.index() + d) % n)
+        .filter(|&i| i != rank.index())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|i| members[i].clone())
+        .collect();
+    let notice = Notice {
+        origin: Rank::NONE,
+        subject: rank,
+        verdict: Verdict::Dead,
+        evidence: Evidence::LauncherWitness { status },
+        hops: 0,
+    };
+    let sends = targets.into_iter().map(|peer| {
+        let quic = quic.clone();
+        async move {
+            let route = Envelope::new(comm, Epoch(0), Rank::NONE);
+            let connect = quic.connect(
+                socket_addr(&peer.control),
+                Fingerprint(peer.fingerprint),
+                Role::Launcher,
+                route,
+                peer.rank,
+            );
+            let ch = tokio::time::timeout(Duration::from_secs(2), connect).await;
+            if let Ok(Ok(conn)) = ch {
+                let ch = conn.into_control();
+                let sent = ch.send(Message::Notice(notice));
+                let _ = tokio::time::timeout(Duration::from_secs(1), sent).await;
+                ch.close(CloseCode::NORMAL, "witness delivered");
+            }
+        }
+    });
+    futures::future::join_all(sends).await;
 }
 
 impl Drop for RootHost {
@@ -293,6 +299,7 @@ async fn serve(
     config: Config,
     members: Arc<Mutex<Option<Vec<PeerInfo>>>>,
     mut stop: oneshot::Receiver<()>,
+    mut exits: mpsc::UnboundedReceiver<(Rank, i32)>,
 ) {
     let clock = Clock::new();
     let Ok(mut rendezvous) = Rendezvous::<u64>::new(comm, world, clock.now(), config.init_timeout)
@@ -352,6 +359,13 @@ async fn serve(
                     streams.remove(&id);
                 }
             },
+            Some((rank, status)) = exits.recv() => {
+                if rendezvous.outcome().is_none() {
+                    rendezvous.handle_exited(rank, status);
+                } else if let Some(table) = members.lock().ok().and_then(|m| m.clone()) {
+                    tokio::spawn(witness(quic.clone(), comm, table, rank, status));
+                }
+            }
             () = sleep => rendezvous.handle_timeout(clock.now()),
         }
         while let Some((id, message)) = rendezvous.poll_transmit() {
