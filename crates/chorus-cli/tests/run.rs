@@ -302,3 +302,35 @@ fn bad_command_lines_exit_2() {
         2
     );
 }
+
+/// A rank that dies at start-up, before it joins: the launcher witnesses the exit to the
+/// job's root, which ends bootstrap at once; the ranks waiting in init fail naming it,
+/// long before the init deadline (60 s), and the job ends with exit code 1.
+#[test]
+fn a_rank_that_dies_before_joining_ends_everyone_s_init_at_once() {
+    let exe = common::CHORUS;
+    let script = format!(
+        "if [ \"$CHORUS_RANK\" = 2 ]; then kill -9 $$; fi; \
+         exec '{exe}' bench-rank all-reduce -b 8 -e 8 -w 1 -i 1"
+    );
+    let started = std::time::Instant::now();
+    let done = run(&["run", "-n", "3", "--", "sh", "-c", &script], LIMIT);
+    let took = started.elapsed();
+    assert_eq!(done.code(), 1, "{}\n{}", done.stdout, done.stderr);
+    assert!(
+        took < Duration::from_secs(20),
+        "the job took {took:?}: the ranks waited for the init deadline"
+    );
+    let fatal: Vec<&str> = done
+        .stdout
+        .lines()
+        .filter(|l| l.contains("r2's process ended (signal 9)"))
+        .collect();
+    assert_eq!(
+        fatal.len(),
+        2,
+        "both waiting ranks name r2:\n{}",
+        done.stdout
+    );
+    assert!(done.stderr.contains("rank 2 (pid "), "{}", done.stderr);
+}
