@@ -20,7 +20,23 @@ use chorus_protocol::{OpSeq, Rank};
 #[derive(Debug)]
 pub struct Recorder {
     capacity: usize,
-    entries: Mutex<VecDeque<Entry>>,
+    log: Mutex<Log>,
+}
+
+/// The entries, oldest first, and how many of them have finished (kept so that trimming
+/// on every operation's start and end costs O(1), not a scan).
+#[derive(Debug, Default)]
+struct Log {
+    entries: VecDeque<Entry>,
+    finished: usize,
+}
+
+impl std::ops::Deref for Log {
+    type Target = VecDeque<Entry>;
+
+    fn deref(&self) -> &VecDeque<Entry> {
+        &self.entries
+    }
 }
 
 #[derive(Debug)]
@@ -35,14 +51,15 @@ impl Recorder {
     pub fn new(capacity: usize) -> Self {
         Recorder {
             capacity: capacity.max(1),
-            entries: Mutex::new(VecDeque::new()),
+            log: Mutex::new(Log::default()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Entry>> {
-        // A panic while holding this lock cannot leave the deque inconsistent (every
-        // mutation is a single push, pop or field store), so a poisoned lock is still usable.
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Log> {
+        // A panic while holding this lock cannot leave the log inconsistent (every mutation
+        // is a push, a pop or a field store, each with its count), so a poisoned lock is
+        // still usable.
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The newest `max` entries, oldest first, as the protocol's `OpRecord`s.
@@ -106,13 +123,17 @@ impl Recorder {
             .collect()
     }
 
-    fn trim(&self, entries: &mut VecDeque<Entry>) {
-        // Drop the oldest finished entries past capacity; running ones always stay.
-        while entries.iter().filter(|e| e.ended.is_some()).count() > self.capacity {
-            match entries.iter().position(|e| e.ended.is_some()) {
-                Some(i) => {
-                    entries.remove(i);
-                }
+    fn trim(&self, log: &mut Log) {
+        // Drop the oldest finished entries past capacity; running ones always stay. The
+        // oldest entry is almost always finished, so this is a pop, not a search.
+        while log.finished > self.capacity {
+            let oldest_finished = if log.entries.front().is_some_and(|e| e.ended.is_some()) {
+                Some(0)
+            } else {
+                log.entries.iter().position(|e| e.ended.is_some())
+            };
+            match oldest_finished.and_then(|i| log.entries.remove(i)) {
+                Some(_) => log.finished -= 1,
                 None => break,
             }
         }
@@ -147,21 +168,27 @@ fn millis(d: Duration) -> u64 {
 
 impl OpObserver for Recorder {
     fn started(&self, op: &Arc<OpProgress>) {
-        let mut entries = self.lock();
-        entries.push_back(Entry {
+        // A running entry never makes the log trim: only finished ones count.
+        self.lock().entries.push_back(Entry {
             op: op.clone(),
             started: Instant::now(),
             ended: None,
         });
-        self.trim(&mut entries);
     }
 
     fn finished(&self, op: &Arc<OpProgress>, _result: Result<(), &OpError>) {
-        let mut entries = self.lock();
-        if let Some(e) = entries.iter_mut().rev().find(|e| Arc::ptr_eq(&e.op, op)) {
-            e.ended = Some(Instant::now());
+        let mut log = self.lock();
+        let ended = log
+            .entries
+            .iter_mut()
+            .rev()
+            .find(|e| Arc::ptr_eq(&e.op, op) && e.ended.is_none())
+            .map(|e| e.ended = Some(Instant::now()))
+            .is_some();
+        if ended {
+            log.finished += 1;
+            self.trim(&mut log);
         }
-        self.trim(&mut entries);
     }
 }
 
@@ -269,5 +296,47 @@ mod tests {
             "oldest first"
         );
         assert_eq!(recorder.records(1, Instant::now()).len(), 1);
+    }
+
+    #[test]
+    fn a_running_operation_outlives_any_number_of_finished_ones() {
+        let recorder = Arc::new(Recorder::new(3));
+        let (a, b) = pair(&recorder);
+        let (slow_a, slow_b) = pair(&recorder);
+        thread::scope(|s| {
+            // Started first, finished last: rank 1 of the second pair joins at the end.
+            let blocked = s.spawn(|| block_on(slow_a.barrier()));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while recorder.running().is_empty() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the blocked barrier never started"
+                );
+                thread::yield_now();
+            }
+            for _ in 0..10 {
+                thread::scope(|s| {
+                    s.spawn(|| block_on(b.barrier()).unwrap());
+                    block_on(a.barrier()).unwrap();
+                });
+            }
+            let records = recorder.records(100, Instant::now());
+            assert_eq!(
+                records.len(),
+                4,
+                "the running one and the newest 3 finished"
+            );
+            assert_eq!(records[0].state, OpState::Running);
+            assert!(records[1..].iter().all(|r| r.state == OpState::Done));
+            block_on(slow_b.barrier()).unwrap();
+            blocked.join().unwrap().unwrap();
+        });
+        let records = recorder.records(100, Instant::now());
+        assert_eq!(
+            records.len(),
+            3,
+            "once it finished, it is trimmed like the rest"
+        );
+        assert!(records.iter().all(|r| r.state == OpState::Done));
     }
 }
