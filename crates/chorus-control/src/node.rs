@@ -1634,14 +1634,12 @@ mod tests {
                 Input::Command(Command::Revoke { cause: Some(cause) }),
             )
             .unwrap();
-        assert_eq!(
-            events(&mut origin),
-            vec![Event::Revoked {
-                epoch: Epoch(0),
-                origin: Rank(3),
-                cause: Some(cause),
-            }]
-        );
+        let revoked = vec![Event::Revoked {
+            epoch: Epoch(0),
+            origin: Rank(3),
+            cause: Some(cause),
+        }];
+        assert_eq!(events(&mut origin), revoked);
         let sent = revokes(&mut origin);
         assert!(!sent.is_empty());
         assert!(sent.iter().all(|r| r.cause == Some(cause) && r.hops == 0));
@@ -1649,14 +1647,7 @@ mod tests {
         let mut n = node(8, 6);
         n.handle(ms(2), frame(3, 0, Message::Revoke(sent[0])))
             .unwrap();
-        assert_eq!(
-            events(&mut n),
-            vec![Event::Revoked {
-                epoch: Epoch(0),
-                origin: Rank(3),
-                cause: Some(cause),
-            }]
-        );
+        assert_eq!(events(&mut n), revoked);
         let forwarded = revokes(&mut n);
         assert!(!forwarded.is_empty());
         assert!(

@@ -29,6 +29,30 @@ fn run_ranks<T: Send>(world: u32, f: impl Fn(Comm) -> T + Sync) -> Vec<T> {
     })
 }
 
+/// Ranks 0 and 1 of a world of 3 call init under `root` while `meanwhile` runs; what each
+/// init returned and how long after the start it returned.
+fn init_two_of_three(
+    root: &RootHost,
+    config: &Config,
+    meanwhile: impl FnOnce(&RootHost),
+) -> Vec<(chorus::Result<()>, Duration)> {
+    let id = root.unique_id().clone();
+    let started = std::time::Instant::now();
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|r| {
+                let (id, config) = (id.clone(), config.clone());
+                s.spawn(move || {
+                    let got = Comm::init_blocking(&id, r, 3, config);
+                    (got.map(|_| ()), started.elapsed())
+                })
+            })
+            .collect();
+        meanwhile(root);
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 #[test]
 fn four_ranks_all_reduce_and_destroy() {
     let out = run_ranks(4, |comm| {
@@ -209,26 +233,12 @@ fn revoke_fails_everyone_then_shrink_continues() {
 /// is asserted, with room for a loaded machine.
 #[test]
 fn init_without_every_member_fails_by_the_init_deadline() {
-    use std::time::Instant;
     let short = Config {
         init_timeout: Duration::from_millis(1500),
         ..Config::default()
     };
     let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 3, &short).unwrap();
-    let id = root.unique_id().clone();
-    let started = Instant::now();
-    let out: Vec<_> = thread::scope(|s| {
-        let handles: Vec<_> = (0..2)
-            .map(|r| {
-                let (id, short) = (id.clone(), short.clone());
-                s.spawn(move || {
-                    let got = Comm::init_blocking(&id, r, 3, short);
-                    (got.map(|_| ()), started.elapsed())
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let out = init_two_of_three(&root, &short, |_| {});
     for (rank, (got, took)) in out.into_iter().enumerate() {
         let e = got.expect_err("init cannot succeed without rank 2");
         assert!(
@@ -348,28 +358,15 @@ fn a_collective_a_peer_never_joins_ends_by_the_operation_deadline() {
 /// the init deadline (a crash at start-up is the most common failure of all).
 #[test]
 fn a_rank_that_exits_before_joining_fails_init_at_once_naming_it() {
-    use std::time::Instant;
     let long = Config {
         init_timeout: Duration::from_secs(60),
         ..Config::default()
     };
     let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 3, &long).unwrap();
-    let id = root.unique_id().clone();
-    let started = Instant::now();
-    let out: Vec<_> = thread::scope(|s| {
-        let handles: Vec<_> = (0..2)
-            .map(|r| {
-                let (id, long) = (id.clone(), long.clone());
-                s.spawn(move || {
-                    let got = Comm::init_blocking(&id, r, 3, long);
-                    (got.map(|_| ()), started.elapsed())
-                })
-            })
-            .collect();
+    let out = init_two_of_three(&root, &long, |root| {
         // As `chorus run` does when it reaps rank 2, killed by SIGKILL at start-up.
         thread::sleep(Duration::from_millis(300));
         root.witness_exit(chorus::Rank(2), -9);
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (rank, (got, took)) in out.into_iter().enumerate() {
         let e = got.expect_err("rank 2 never joins");
