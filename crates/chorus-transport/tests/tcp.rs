@@ -175,6 +175,46 @@ mod suite {
         cancel_is_local_and_immediate(&a, &b, "test abort", WAIT).await;
     }
 
+    /// A departing peer sends `Depart`, then closes: writes on this end afterwards fail
+    /// with the departure, not as a lost connection, whichever path reads it first. (The
+    /// narrow race where a write fails before anything has read the queued departure is
+    /// checked deterministically in `tcp/reader.rs`'s tests.)
+    pub(crate) async fn writes_after_a_departure_report_the_departure(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
+        let mut l = listener(&t).await;
+        let (a, b) = pair(&t, &mut l).await;
+        // A first exchange: `a` has read its socket since, so nothing watches it now.
+        transfer(&b, &a, 1000, 8).await;
+        transfer(&a, &b, 1001, 8).await;
+        b.cancel(CancelReason::new(CloseCode::ABORTED, "leaving"));
+        // The departure and the close arrive; nobody on `a` reads.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The first write into the closed peer may still be taken (the peer answers it
+        // with a reset); a later one fails.
+        let mut failed = None;
+        for op in 0..100 {
+            if let Err(e) = a.send(tag(op, 0), pattern(64 << 10, 1)).await {
+                failed = Some(e);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let err = failed.expect("writes into a closed peer fail");
+        assert!(
+            matches!(
+                err,
+                LinkError::PeerDeparted {
+                    code: CloseCode::ABORTED,
+                    ..
+                }
+            ),
+            "expected the peer's departure, got {err:?}"
+        );
+        assert_eq!(a.failure(), Some(err));
+    }
+
     /// `is_flushed` is false while accepted data waits in this process or on the wire for a
     /// peer that does not read, and turns true once the peer has taken it all.
     pub(crate) async fn is_flushed_waits_for_the_peer_to_take_the_data(backend: Backend) {
@@ -892,6 +932,10 @@ macro_rules! backend_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn cancel_is_local_immediate_and_the_peer_sees_the_code() {
                 suite::cancel_is_local_immediate_and_the_peer_sees_the_code($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn writes_after_a_departure_report_the_departure() {
+                suite::writes_after_a_departure_report_the_departure($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn is_flushed_waits_for_the_peer_to_take_the_data() {

@@ -66,7 +66,6 @@ impl EpollConn {
     ) -> io::Result<Self> {
         let wake = Arc::new(Notify::new());
         let watch = Arc::new(Watch::default());
-        let matcher = reader.matcher().clone();
         // SAFETY: the `Arc<OwnedFd>` keeps the descriptor open, and it names the same socket,
         // for as long as the `AsyncFd` (the writer task) holds it.
         let out = unsafe { AsyncFd::register_with_interest(fd.clone(), Interest::WRITABLE) }?;
@@ -75,7 +74,7 @@ impl EpollConn {
         reader.set_watching(true);
         handle.spawn(read_loop(
             input,
-            reader,
+            reader.clone(),
             outbound.clone(),
             wake.clone(),
             watch.clone(),
@@ -85,7 +84,7 @@ impl EpollConn {
             outbound,
             wake.clone(),
             watch.clone(),
-            matcher,
+            reader,
             depart_timeout,
         ));
         Ok(Self { fd, wake, watch })
@@ -221,9 +220,10 @@ async fn write_loop(
     outbound: Arc<Mutex<Outbound>>,
     wake: Arc<Notify>,
     watch: Arc<Watch>,
-    matcher: Arc<Matcher>,
+    reader: Arc<Reader>,
     depart_timeout: Duration,
 ) {
+    let matcher = reader.matcher().clone();
     // Whether the stream is on a frame boundary, where a departure may start.
     let mut on_boundary = true;
     loop {
@@ -245,7 +245,7 @@ async fn write_loop(
                 break;
             }
             Err(Stop::Io(e)) => {
-                inbound::on_lost(&matcher, format!("write: {e}"));
+                reader.write_failed(format!("write: {e}"));
                 close(&outbound, &matcher, &wake, None);
                 on_boundary = false;
                 break;

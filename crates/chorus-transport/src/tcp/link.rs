@@ -24,7 +24,6 @@ use super::reader::{Pumped, Reader};
 use super::socket;
 use super::spin::{CROWDED_NAP, SpinBudget, a_core_is_free};
 use super::uring::UringConn;
-use crate::inbound;
 use crate::matcher::Matcher;
 use crate::outbound::{self, Outbound};
 
@@ -233,10 +232,11 @@ impl TcpLink {
         Ok(())
     }
 
-    /// A write to the socket failed: the connection is lost.
+    /// A write to the socket failed: the connection is lost, unless a departure the peer
+    /// sent first is still to be read ([`Reader::write_failed`]).
     fn lost(&self, e: std::io::Error) -> LinkError {
         let lost = format!("send: {e}");
-        inbound::on_lost(&self.matcher, lost.clone());
+        self.reader.write_failed(lost.clone());
         self.close(None);
         self.failure()
             .unwrap_or(LinkError::ConnectionLost { detail: lost })

@@ -31,6 +31,11 @@ use crate::matcher::Matcher;
 /// allocator's caches recycle buffers well enough.
 const LARGE_FRAME: usize = 64 << 10;
 
+/// How many passes a failed write reads before it records the loss: enough for the large
+/// frames a departing peer sent before its departure to drain; a bound in case the socket
+/// keeps delivering.
+const WRITE_FAILED_PASSES: usize = 64;
+
 /// The socket, whoever owns the descriptor (the ring's `OwnedFd`, tokio's `TcpStream`).
 pub(crate) type Socket = Arc<dyn AsFd + Send + Sync>;
 
@@ -113,6 +118,22 @@ impl Reader {
         self.drain(&mut st)
     }
 
+    /// A write to the socket failed (`detail`): the connection is lost — unless the peer
+    /// left first. A departing peer sends `Depart`, then closes; a write racing that close
+    /// fails (`EPIPE`, `ECONNRESET`) while the departure still waits, unread, in the receive
+    /// queue (the kernel hands out queued data before the reset). So what the socket holds
+    /// is read first, and the loss is recorded only if it said nothing more final (the
+    /// first failure recorded on a link is the one everyone sees). Bounded: at most
+    /// [`WRITE_FAILED_PASSES`] passes.
+    pub(crate) fn write_failed(&self, detail: String) {
+        for _ in 0..WRITE_FAILED_PASSES {
+            if !matches!(self.pump(), Pumped::More) {
+                break;
+            }
+        }
+        inbound::on_lost(&self.matcher, detail);
+    }
+
     /// Like [`Reader::pump`], but returns `Busy` at once if another thread is reading (it
     /// will hand over whatever it finds).
     pub(crate) fn try_pump(&self) -> Pumped {
@@ -184,5 +205,90 @@ impl Reader {
     /// The progress thread records whether it watches the socket.
     pub(crate) fn set_watching(&self, on: bool) {
         self.watching.store(on, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::OwnedFd;
+
+    use bytes::BytesMut;
+    use chorus_engine::LinkError;
+    use chorus_protocol::message::{Message, Role};
+    use chorus_protocol::{CloseCode, CommId, Encoder, Epoch, Gate, Limits, Rank, Side};
+
+    use super::*;
+
+    /// A connected pair: this end's reader (rank 0 reading rank 1's data stream) and the
+    /// peer's plain socket.
+    fn reader_and_peer() -> (Reader, TcpStream, Envelope) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mine, _) = l.accept().unwrap();
+        let envelope = Envelope::new(CommId(7), Epoch(0), Rank(1));
+        let gate = Gate::Established {
+            role: Role::Data,
+            local: Side::Acceptor,
+            comm: CommId(7),
+            peer: Rank(1),
+        };
+        let decoder = Decoder::with_gate(gate, Limits::DEFAULT);
+        let matcher = Arc::new(Matcher::new(Rank(1), 1 << 20, 1 << 20));
+        mine.set_nonblocking(true).unwrap();
+        let fd: Socket = Arc::new(OwnedFd::from(mine));
+        (Reader::new(fd, decoder, matcher, envelope), peer, envelope)
+    }
+
+    /// The peer closes with a reset (linger 0), after writing `bytes`.
+    fn reset_after(mut peer: TcpStream, bytes: &[u8]) {
+        peer.write_all(bytes).unwrap();
+        socket2::SockRef::from(&peer)
+            .set_linger(Some(std::time::Duration::ZERO))
+            .unwrap();
+        drop(peer);
+        // Let the reset arrive.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_failed_write_reads_the_departure_the_peer_sent_before_it_closed() {
+        let (reader, peer, envelope) = reader_and_peer();
+        let mut frame = BytesMut::new();
+        let depart = Message::Depart(Depart {
+            code: CloseCode::ABORTED,
+            detail: "leaving".into(),
+        });
+        Encoder::new(Limits::DEFAULT)
+            .encode(&envelope, &depart, &mut frame)
+            .unwrap();
+        reset_after(peer, &frame);
+        let e = socket::send_vectored(reader.fd.as_fd(), b"x", b"").unwrap_err();
+        reader.write_failed(format!("send: {e}"));
+        assert_eq!(
+            reader.matcher().terminal(),
+            Some(LinkError::PeerDeparted {
+                code: CloseCode::ABORTED,
+                detail: "leaving".into()
+            }),
+            "the departure was in the receive queue when the write failed"
+        );
+    }
+
+    #[test]
+    fn a_failed_write_with_nothing_to_read_is_a_lost_connection() {
+        let (reader, peer, _) = reader_and_peer();
+        reset_after(peer, b"");
+        let e = socket::send_vectored(reader.fd.as_fd(), b"x", b"").unwrap_err();
+        reader.write_failed(format!("send: {e}"));
+        assert!(
+            matches!(
+                reader.matcher().terminal(),
+                Some(LinkError::ConnectionLost { .. })
+            ),
+            "{:?}",
+            reader.matcher().terminal()
+        );
     }
 }

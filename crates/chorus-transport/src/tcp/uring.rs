@@ -799,7 +799,7 @@ impl Driver {
         }
         if res < 0 {
             let detail = format!("send: {}", io::Error::from_raw_os_error(-res));
-            inbound::on_lost(&c.matcher, detail);
+            c.reader.write_failed(detail);
             // The stream is broken mid-frame: no departure can follow.
             self.request_close(id, None);
             self.shut(id);
