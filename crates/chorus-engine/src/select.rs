@@ -27,9 +27,21 @@
 //! | 4     | 4 MiB   | **7.6 ms**  | 22.6 ms            | 12.8 ms          |
 //! | 4     | 8 MiB   | **17.7 ms** |                    | 20.2 ms          |
 //!
+//! A second series through the whole stack (`chorus bench all-reduce -n 4 -w 5 -i 30
+//! --transport tcp` with `CHORUS_ALGO=all-reduce=ring|halving-doubling`, three interleaved
+//! rounds, a quieter machine) moved the 4-rank crossover down: in-place µs per call,
+//!
+//! | ranks | size | ring | halving-doubling |
+//! |-------|------|------|------------------|
+//! | 4 | 512 KiB | 404–565 | **263–271** |
+//! | 4 | 1 MiB | 844–914 | **744–758** |
+//! | 4 | 2 MiB | **1802–2151** | 2203–2361 |
+//! | 4 | 4 MiB | **4071–5029** | 4805–5560 |
+//! | 4 | 8 MiB | **8910–9480** | 11259–12038 |
+//!
 //! Hence: in a world of two, recursive doubling (a single pipelined exchange) below 1 MiB
 //! and the ring from there (it reduces half as much and its two phases pipeline by chunk);
-//! in larger worlds recursive doubling below 64 KiB, halving-doubling below 4 MiB, the ring
+//! in larger worlds recursive doubling below 64 KiB, halving-doubling below 2 MiB, the ring
 //! above. The broadcast/reduce (binomial tree below 256 KiB), all-gather (Bruck below
 //! 64 KiB) and reduce-scatter (recursive halving below 1 MiB) crossovers were not measured
 //! separately; they follow the same latency-versus-bandwidth argument and are configuration
@@ -118,6 +130,15 @@ mod tests {
         );
         assert_eq!(
             select(Collective::AllReduce, 1 << 20, 2, &c),
+            Algorithm::Ring
+        );
+        // The measured 4-rank crossover (module docs): halving-doubling to 2 MiB.
+        assert_eq!(
+            select(Collective::AllReduce, (2 << 20) - 4, 4, &c),
+            Algorithm::HalvingDoubling
+        );
+        assert_eq!(
+            select(Collective::AllReduce, 2 << 20, 4, &c),
             Algorithm::Ring
         );
         assert_eq!(
