@@ -6,7 +6,7 @@
 //
 // A peer that never arrives would leave chorus_wait spinning forever, and with it every
 // kernel queued behind it on that stream: aborting could not retire them and the context
-// would be lost (seeds/002). So chorus_wait also polls an abort word that lives in mapped
+// would be lost (seed 002). So chorus_wait also polls an abort word that lives in mapped
 // pinned host memory (cuMemHostAlloc with DEVICEMAP): the host sets it with a plain store,
 // and the kernel returns within a poll interval. It then records the first retired
 // `generation` twice: in `retired` (mapped host memory: the host learns which data is not

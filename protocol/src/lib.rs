@@ -1,9 +1,9 @@
 //! The chorus wire protocol, sans-IO.
 //!
-//! Floor 1 of the house (`DESIGN.md`): every other crate speaks through the types here, and
-//! this crate depends on nothing of ours. It must never depend on tokio, quinn, io-uring,
-//! cudarc, a clock, a socket or a thread: bytes go in, typed messages or typed errors come
-//! out. `SPEC.md` beside this crate is normative; the code follows it.
+//! Floor 1 of the house (`docs/ARCHITECTURE.md`): every other crate speaks through the types here,
+//! and this crate depends on nothing of ours. It must never depend on tokio, quinn, io-uring,
+//! cudarc, a clock, a socket or a thread: bytes go in, typed messages or typed errors come out.
+//! `SPEC.md` beside this crate is normative; the code follows it.
 //!
 //! The pieces a transport uses: an [`Encoder`] and a [`Decoder`] per byte stream, and the
 //! handshake state machines [`Connector`] and [`Acceptor`]. The control plane and runtime

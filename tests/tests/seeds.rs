@@ -1,4 +1,4 @@
-//! Tests 4–6: the seeds (`/work/shared/seeds/`) as real processes.
+//! Tests 4–6: the seed incidents (`docs/ARCHITECTURE.md`) as real processes.
 //!
 //! - 000: every rank forks a sleeping child that holds all its descriptors, then one rank
 //!   aborts: the others see the departure at once (no one waits for a FIN that the holder

@@ -11,7 +11,7 @@
 //! rank's process exit ends it sooner: `Reject{ABORTED}` naming the rank.
 //!
 //! This flat root is O(N) frames and O(N²) bytes of tables; a hierarchy of roots for very
-//! large worlds is future work (DESIGN.md, "Later").
+//! large worlds is future work.
 
 use std::collections::VecDeque;
 use std::fmt;

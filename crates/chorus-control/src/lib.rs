@@ -1,7 +1,7 @@
 //! chorus-control: the sans-IO control plane.
 //!
-//! Floor 2 of the house (`DESIGN.md`). It decides who is alive, who left, who is dead and
-//! what the next communicator looks like: membership ledger, liveness detector, departure,
+//! Floor 2 of the house (`docs/ARCHITECTURE.md`). It decides who is alive, who left, who is dead
+//! and what the next communicator looks like: membership ledger, liveness detector, departure,
 //! revoke, agreement, shrink/grow planning and bootstrap, plus `sim`, a seeded deterministic
 //! simulator of many ranks on a faulty network.
 //!

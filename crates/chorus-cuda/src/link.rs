@@ -7,7 +7,7 @@
 //! the mirror image — wait for `ready`, copy out, signal `consumed` — and files the payload
 //! for `recv`. So the host never waits for the GPU, and the GPU waits only in `chorus_wait`,
 //! which also polls this end's abort word: [`Link::cancel`], a departure or a lost peer set
-//! it, and every wait on the peer returns at once (seeds/002: NCCL could not do this, and a
+//! it, and every wait on the peer returns at once (seed 002: NCCL could not do this, and a
 //! lost peer cost the context).
 //!
 //! A retired wait never passes garbage off as data: a retired receive is recorded in the

@@ -1,12 +1,12 @@
 //! Finding the CUDA driver and NVRTC before cudarc does.
 //!
-//! cudarc (dynamic loading) opens `libcuda` and `libnvrtc` on first use and panics if they
-//! are missing, and it resolves each symbol lazily, panicking again on one the library does
-//! not have. A machine without a GPU is normal for chorus (DESIGN.md, "GPU"), so this module
-//! opens both libraries itself, under the names cudarc will ask for, checks every symbol the
-//! crate calls, and turns any absence into [`CudaError::DeviceUnavailable`]. The libraries it
-//! opens stay loaded for the life of the process, so when cudarc asks for the same names the
-//! dynamic loader hands back the same objects.
+//! cudarc (dynamic loading) opens `libcuda` and `libnvrtc` on first use and panics if they are
+//! missing, and it resolves each symbol lazily, panicking again on one the library does not have. A
+//! machine without a GPU is normal for chorus (`docs/ARCHITECTURE.md`, "The GPU path"), so this
+//! module opens both libraries itself, under the names cudarc will ask for, checks every symbol the
+//! crate calls, and turns any absence into [`CudaError::DeviceUnavailable`]. The libraries it opens
+//! stay loaded for the life of the process, so when cudarc asks for the same names the dynamic
+//! loader hands back the same objects.
 //!
 //! NVRTC often lives outside the loader's path (a toolkit's `lib64`, a Python wheel), so
 //! the usual directories are tried by absolute path as well; once loaded that way, cudarc's

@@ -1,7 +1,7 @@
 //! Bounded waits on streams: record an event, poll it against a deadline.
 //!
 //! No call here ever blocks in the driver: `cuStreamSynchronize` on a stream holding a wait
-//! for an absent peer would never return (seeds/002), so completion is polled with
+//! for an absent peer would never return (seed 002), so completion is polled with
 //! `cuEventQuery` — spinning for the first moments, where most waits end, then sleeping in
 //! short steps so a finished stream is noticed within about 100 µs.
 

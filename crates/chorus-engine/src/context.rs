@@ -1,13 +1,12 @@
 //! Operation contexts and the abort tree.
 //!
-//! A [`Context`] is a node in a tree: the runtime holds a root, each communicator's engine
-//! holds a child of its parent's context (split and shrink create children), and every
-//! operation runs in a child of its communicator's context. [`Context::abort`] is one-way:
-//! the first reason wins and is never cleared, later calls are no-ops, it never blocks on
-//! anything but a short local lock, and it reaches every descendant, including those created
-//! after the abort (they are born aborted). This is principle 4 of `DESIGN.md`, and the gap
-//! seed `001` fell into: there, a split child had its own abort flag and aborting the parent
-//! left a rank wedged on the child.
+//! A [`Context`] is a node in a tree: the runtime holds a root, each communicator's engine holds a
+//! child of its parent's context (split and shrink create children), and every operation runs in a
+//! child of its communicator's context. [`Context::abort`] is one-way: the first reason wins and is
+//! never cleared, later calls are no-ops, it never blocks on anything but a short local lock, and
+//! it reaches every descendant, including those created after the abort (they are born aborted).
+//! This is principle 4 of `docs/ARCHITECTURE.md`, and the gap seed `001` fell into: there, a split
+//! child had its own abort flag and aborting the parent left a rank wedged on the child.
 //!
 //! [`Context::aborted`] is an executor-agnostic future (a registered [`Waker`], no runtime)
 //! that every wait inside an operation races.

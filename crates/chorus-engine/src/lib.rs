@@ -1,7 +1,7 @@
 //! chorus-engine: the transport-independent collective engine.
 //!
-//! Floor 2 of the house (`DESIGN.md`). Algorithms (ring, recursive halving/doubling, trees),
-//! chunk pipelining, operation contexts and the abort tree; it owns the two ports through
+//! Floor 2 of the house (`docs/ARCHITECTURE.md`). Algorithms (ring, recursive halving/doubling,
+//! trees), chunk pipelining, operation contexts and the abort tree; it owns the two ports through
 //! which it touches the world: [`link::Link`] (one peer) and [`device::Device`] (memory and
 //! reductions), with a host device ([`host::HostDevice`]) and an in-process link
 //! ([`local::LocalLink`]) for its own tests and benchmarks.

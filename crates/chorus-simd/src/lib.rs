@@ -1,8 +1,9 @@
 //! chorus-simd: vectorised host arithmetic on the 16- and 8-bit floats.
 //!
-//! A leaf below the house's floors (`DESIGN.md`): it imports no chorus crate and nothing but
-//! `bytemuck`; `chorus-engine` (floor 2) calls it from its host reductions. It must never
-//! import anything that does IO, reads a clock or spawns a thread.
+//! Floor 1 of the house (`docs/ARCHITECTURE.md`), beside `chorus-protocol`: it imports no
+//! chorus crate and nothing but `bytemuck`; `chorus-engine` (floor 2) calls it from its host
+//! reductions. It must never import anything that does IO, reads a clock or spawns a thread.
+//! It is the one place in the workspace for target-feature `unsafe`.
 //!
 //! It exists to hold the one kind of `unsafe` that host arithmetic needs: entering code
 //! compiled for instructions the baseline target lacks (AVX2 and F16C on x86-64), after

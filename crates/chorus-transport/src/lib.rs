@@ -1,9 +1,9 @@
 //! chorus-transport: implementations of the engine's `Link` port.
 //!
-//! Floor 3 of the house (`DESIGN.md`): `tcp` over io_uring (with an epoll fallback) and
+//! Floor 3 of the house (`docs/ARCHITECTURE.md`): `tcp` over io_uring (with an epoll fallback) and
 //! `quic` over quinn + rustls, each with connection-level cancellation that no duplicated
-//! descriptor can defeat: a departure frame, then `shutdown(SHUT_RDWR)` before `close`
-//! (TCP) or `CONNECTION_CLOSE` with an application code (QUIC).
+//! descriptor can defeat: a departure frame, then `shutdown(SHUT_RDWR)` before `close` (TCP) or
+//! `CONNECTION_CLOSE` with an application code (QUIC).
 //!
 //! Every byte on every stream is the spec's: frames are made and read by
 //! `chorus_protocol`'s `Encoder` and `Decoder` (one of each per byte stream), and every

@@ -1,10 +1,9 @@
 //! chorus: the collective communication library a training framework embeds.
 //!
-//! Floor 4 of the house (`DESIGN.md`): `Comm` (init, collectives, split, shrink, grow, abort,
-//! destroy, health), the runtime that drives `chorus-control` over real transports on a
-//! control thread nothing else can block, launch-environment detection and the flight
-//! recorder. It wires the floors below together; it must never depend on the CLI, the
-//! benches or the tests.
+//! Floor 4 of the house (`docs/ARCHITECTURE.md`): `Comm` (init, collectives, split, shrink, grow,
+//! abort, destroy, health), the runtime that drives `chorus-control` over real transports on a
+//! control thread nothing else can block, launch-environment detection and the flight recorder. It
+//! wires the floors below together; it must never depend on the CLI, the benches or the tests.
 
 // `Error` carries its structured fields inline (rank, peer, op, step, evidence, ...): it is
 // built only on the failure path, where a 136-byte move is nothing next to what failed.
