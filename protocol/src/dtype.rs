@@ -8,15 +8,25 @@ use std::fmt;
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 #[repr(u8)]
 pub enum DType {
+    /// IEEE binary32, 4 bytes.
     F32 = 0,
+    /// IEEE binary64, 8 bytes.
     F64 = 1,
+    /// IEEE binary16, 2 bytes; reductions compute in `f32` and round once (nearest, ties to even).
     F16 = 2,
+    /// bfloat16 (the top half of an `f32`), 2 bytes; reductions compute in `f32` and round once.
     BF16 = 3,
+    /// Signed 8-bit integer; sums and products wrap (two's complement), as NCCL's do.
     I8 = 4,
+    /// Unsigned 8-bit integer; sums and products wrap.
     U8 = 5,
+    /// Signed 32-bit integer; sums and products wrap.
     I32 = 6,
+    /// Unsigned 32-bit integer; sums and products wrap.
     U32 = 7,
+    /// Signed 64-bit integer; sums and products wrap.
     I64 = 8,
+    /// Unsigned 64-bit integer; sums and products wrap.
     U64 = 9,
     /// fp8, 4 exponent bits, 3 mantissa bits (OCP "E4M3FN": no infinities).
     F8E4M3 = 10,
@@ -102,9 +112,14 @@ impl fmt::Display for DType {
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 #[repr(u8)]
 pub enum ReduceOp {
+    /// Elementwise sum (integers wrap; floats round per the element type).
     Sum = 0,
+    /// Elementwise product (integers wrap).
     Prod = 1,
+    /// Elementwise minimum; for floats a NaN operand is ignored (IEEE `minNum`), and which of
+    /// `+0`/`-0` wins depends on the order operands meet, which differs between algorithms.
     Min = 2,
+    /// Elementwise maximum, with `Min`'s NaN and signed-zero rules.
     Max = 3,
     /// Sum, then divide by the number of contributors.
     Avg = 4,
@@ -161,15 +176,25 @@ impl fmt::Display for ReduceOp {
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 #[repr(u8)]
 pub enum Collective {
+    /// Every rank ends with the reduction of every rank's buffer.
     AllReduce = 0,
+    /// The root ends with the reduction of every rank's buffer.
     Reduce = 1,
+    /// Every rank ends with the root's buffer.
     Broadcast = 2,
+    /// Every rank ends with every rank's buffer, concatenated in rank order.
     AllGather = 3,
+    /// Rank `i` ends with block `i` of the reduction of every rank's buffer.
     ReduceScatter = 4,
+    /// Rank `i` sends its block `j` to rank `j`, which stores it as block `i`.
     AllToAll = 5,
+    /// The root ends with every rank's buffer, concatenated in rank order.
     Gather = 6,
+    /// Rank `i` ends with block `i` of the root's buffer.
     Scatter = 7,
+    /// Point-to-point: one rank's `send` matched by one peer's `recv`.
     SendRecv = 8,
+    /// No data: returns once every rank has entered it.
     Barrier = 9,
 }
 

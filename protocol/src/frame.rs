@@ -18,7 +18,9 @@ use crate::validation::validate_chunk_header;
 /// One decoded frame.
 #[derive(Clone, PartialEq, Debug)]
 pub struct Frame {
+    /// The fixed header as received: kind, routing (communicator, epoch, sender), sequence.
     pub header: Header,
+    /// The body, decoded and validated against the spec's rules for its kind.
     pub message: Message,
 }
 

@@ -11,7 +11,9 @@ use crate::message::{Kind, Role};
 /// accepted it.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 pub enum Side {
+    /// The end that opened the stream and sent `Hello`.
     Connector,
+    /// The end that accepted the stream and answers with `HelloAck` or `Reject`.
     Acceptor,
 }
 
@@ -32,13 +34,20 @@ pub enum Gate {
     Open,
     /// Handshake in progress at `local`'s end: an acceptor admits only `Hello`; a connector
     /// only `HelloAck` or `Reject`.
-    Handshake { local: Side },
+    Handshake {
+        /// This end of the stream, whose admissible handshake kinds apply.
+        local: Side,
+    },
     /// Handshake done: the kinds `role` lets the peer's side send, and only from the
     /// communicator and sender rank the handshake authenticated.
     Established {
+        /// The role the connector chose in its `Hello`.
         role: Role,
+        /// This end of the stream (the receiver): the peer sends as the other side.
         local: Side,
+        /// The only communicator frames may name.
         comm: CommId,
+        /// The only sender rank frames may name (the rank the handshake authenticated).
         peer: Rank,
     },
 }

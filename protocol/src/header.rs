@@ -25,13 +25,21 @@ pub const VERSION: u8 = 1;
 /// decoder adds the version, length and sequence checks that need connection state.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 pub struct Header {
+    /// Protocol version of this frame: `BASE_VERSION` for handshake frames, the negotiated one
+    /// after (checked by the decoder, not by `parse`).
     pub version: u8,
+    /// What the body is.
     pub kind: Kind,
     /// Reserved; always zero in version 1.
     pub flags: u16,
+    /// The communicator the frame belongs to.
     pub comm: CommId,
+    /// The sender's epoch of that communicator; receivers fence frames of other epochs.
     pub epoch: Epoch,
+    /// The sender's rank at that epoch, or `Rank::NONE` (a joiner, a status client, a launcher).
     pub sender: Rank,
+    /// Length of the body that follows, in bytes; checked against the kind's limit before
+    /// anything is reserved for it.
     pub body_len: u32,
     /// Position of this frame in its byte stream, from 0, one per frame.
     pub seq: u64,
@@ -41,12 +49,16 @@ pub struct Header {
 /// whom. The encoder adds version, kind, length and sequence.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 pub struct Envelope {
+    /// The communicator the frames belong to.
     pub comm: CommId,
+    /// The sender's epoch of that communicator.
     pub epoch: Epoch,
+    /// The sender's rank at that epoch, or `Rank::NONE`.
     pub sender: Rank,
 }
 
 impl Envelope {
+    /// The routing fields of frames from `sender` in `comm` at `epoch`.
     pub const fn new(comm: CommId, epoch: Epoch, sender: Rank) -> Self {
         Envelope {
             comm,

@@ -18,22 +18,39 @@ pub const PROOF_LEN: usize = 32;
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 #[repr(u8)]
 pub enum Kind {
+    /// Opens every stream, connector to acceptor: versions, role, nonce, proof of the secret.
     Hello = 0x01,
+    /// The acceptor's answer to a valid `Hello`, proving the secret back.
     HelloAck = 0x02,
+    /// A refusal with a close code; the stream closes with that code right after it.
     Reject = 0x03,
+    /// A rank announcing itself to the bootstrap root, or a grow joiner asking to be admitted.
     Join = 0x10,
+    /// The peer table a joiner is admitted into.
     Welcome = 0x11,
+    /// Liveness, with a digest of what the sender knows (anti-entropy).
     Heartbeat = 0x20,
+    /// An explicit departure with its reason; admitted on every stream, and nothing may follow it.
     Depart = 0x21,
+    /// A liveness verdict about a member, flooded to every member.
     Notice = 0x22,
+    /// The communicator at the header's epoch is unusable.
     Revoke = 0x23,
+    /// Agreement phase 1a: a coordinator claims a ballot.
     Prepare = 0x30,
+    /// Agreement phase 1b: a member's promise (or refusal) and what it accepted.
     Promise = 0x31,
+    /// Agreement phase 2a: the coordinator's candidate for the next epoch.
     Propose = 0x32,
+    /// Agreement phase 2b: a member's vote on a proposal.
     Accept = 0x33,
+    /// The agreement's decision, flooded to every member.
     Commit = 0x34,
+    /// Collective data on a `Data` stream: a fixed header and the raw payload.
     Chunk = 0x40,
+    /// A status client (or the launcher) asking a member for its view.
     StatusRequest = 0x50,
+    /// A member's ledger, flight recorder and, on request, peer table.
     StatusReply = 0x51,
 }
 
@@ -121,22 +138,39 @@ impl std::fmt::Display for Kind {
 /// A decoded message: the body of one frame, typed.
 #[derive(Clone, PartialEq, Debug)]
 pub enum Message {
+    /// Connector to acceptor, first frame of every stream.
     Hello(Hello),
+    /// Acceptor to connector, answering a valid `Hello`.
     HelloAck(HelloAck),
+    /// Refuses a handshake or a bootstrap, join or status request.
     Reject(Reject),
+    /// On `Bootstrap` and `Joiner` streams, or relayed by a member on a `Member` stream.
     Join(Join),
+    /// The root's (or an admitting member's) answer to a `Join`.
     Welcome(Welcome),
+    /// To each observer, every heartbeat interval.
     Heartbeat(Heartbeat),
+    /// On any stream: the sender is leaving (principle 1).
     Depart(Depart),
+    /// A verdict spreading over fingers; from a launcher, a witnessed exit.
     Notice(Notice),
+    /// Revocation of the header's epoch, spreading like a notice.
     Revoke(Revoke),
+    /// Agreement phase 1a.
     Prepare(Prepare),
+    /// Agreement phase 1b.
     Promise(Promise),
+    /// Agreement phase 2a.
     Propose(Propose),
+    /// Agreement phase 2b.
     Accept(Accept),
+    /// The agreed next epoch.
     Commit(Commit),
+    /// Collective data; the only kind a `Data` stream carries besides `Depart`.
     Chunk(Chunk),
+    /// `chorus status` or the launcher asking a member.
     StatusRequest(StatusRequest),
+    /// A member's answer to a `StatusRequest`.
     StatusReply(StatusReply),
 }
 
@@ -196,6 +230,8 @@ pub struct Hello {
     pub version_min: u16,
     /// Highest protocol version the sender speaks.
     pub version_max: u16,
+    /// What the stream is for; it fixes which kinds each side may send afterwards (SPEC.md,
+    /// "Roles").
     pub role: Role,
     /// Fresh random bytes from the sender.
     pub nonce: [u8; PROOF_LEN],
@@ -220,6 +256,7 @@ pub struct HelloAck {
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct Reject {
+    /// Why: the stream closes with this same code right after the `Reject`.
     pub code: CloseCode,
     /// Human-readable, lowercase, at most `MAX_DETAIL` bytes.
     pub detail: String,
@@ -242,7 +279,9 @@ impl Reject {
 #[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Hash, Debug)]
 #[rkyv(derive(Debug, PartialEq, Eq))]
 pub struct WireAddr {
+    /// IPv6 address bytes, network order; an IPv4 address is IPv4-mapped (`::ffff:a.b.c.d`).
     pub ip: [u8; 16],
+    /// Port, host order as a number (the encoding fixes the byte order).
     pub port: u16,
 }
 
@@ -250,9 +289,11 @@ pub struct WireAddr {
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct PeerInfo {
+    /// Its rank in the table it appears in (`Rank::NONE` in a grow joiner's `Join`).
     pub rank: Rank,
     /// Host name, so same-host peers can be watched by process id.
     pub host: String,
+    /// Process id on `host`: a same-host peer with the same pid namespace is watched by pidfd.
     pub pid: u32,
     /// Control-plane (QUIC) endpoint.
     pub control: WireAddr,
@@ -272,6 +313,8 @@ pub struct PeerInfo {
 pub struct Join {
     /// The world size the sender was started with (0 for a grow joiner).
     pub world: u32,
+    /// Who is joining: its endpoints, fingerprint and capabilities. On a `Bootstrap` stream
+    /// `peer.rank` is the header's sender; a grow joiner sends `Rank::NONE`.
     pub peer: PeerInfo,
 }
 
@@ -280,7 +323,9 @@ pub struct Join {
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct Welcome {
+    /// The communicator the table belongs to.
     pub comm: CommId,
+    /// The epoch the table is valid for (0 after bootstrap).
     pub epoch: Epoch,
     /// Ordered by rank; `members[i].rank == i`.
     pub members: Vec<PeerInfo>,
@@ -306,6 +351,8 @@ pub struct Heartbeat {
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct Depart {
+    /// Why the sender leaves: `normal` (destroy), `left` (a caught signal), `aborted`, ...; the
+    /// connection-level close that follows carries the same code.
     pub code: CloseCode,
     /// Human-readable, lowercase, at most `MAX_DETAIL` bytes.
     pub detail: String,
@@ -335,21 +382,51 @@ pub enum Verdict {
     Departed = 2,
 }
 
-/// Why an observer reached its verdict.
-#[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
-#[rkyv(derive(Debug))]
-pub enum Evidence {
-    /// The subject sent `Depart` (or a connection close) with this code.
-    Departed { code: CloseCode },
-    /// The connection to the subject failed or closed without a departure.
-    ConnectionLost { code: CloseCode },
-    /// Nothing heard from the subject for `silent_ms` against a deadline of `deadline_ms`.
-    MissedDeadline { silent_ms: u64, deadline_ms: u64 },
-    /// The subject's process exited on the observer's host (pidfd). `status` as
-    /// [`ExitStatus`] reads it.
-    ProcessExited { status: i32 },
-    /// The launcher saw the subject's process exit.
-    LauncherWitness { status: i32 },
+pub use evidence::{ArchivedEvidence, Evidence, EvidenceResolver};
+
+// `Evidence` sits in a module of its own only to scope the `allow` below: rkyv's derive
+// gives the variant fields of the `EvidenceResolver` it generates no docs. `Evidence`'s own
+// fields are documented.
+mod evidence {
+    #![allow(missing_docs)]
+
+    use rkyv::{Archive, Deserialize, Serialize};
+
+    use crate::code::CloseCode;
+
+    /// Why an observer reached its verdict.
+    #[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
+    #[rkyv(derive(Debug))]
+    pub enum Evidence {
+        /// The subject sent `Depart` (or a connection close) with this code.
+        Departed {
+            /// The departure's code (`normal`, `left`, `aborted`, ...).
+            code: CloseCode,
+        },
+        /// The connection to the subject failed or closed without a departure.
+        ConnectionLost {
+            /// The close code seen, or `internal` for a reset or an error without one.
+            code: CloseCode,
+        },
+        /// Nothing heard from the subject for `silent_ms` against a deadline of `deadline_ms`.
+        MissedDeadline {
+            /// How long the observer heard nothing, its own stalls excluded, in milliseconds.
+            silent_ms: u64,
+            /// The deadline that silence passed, in milliseconds.
+            deadline_ms: u64,
+        },
+        /// The subject's process exited on the observer's host (pidfd). `status` as
+        /// [`ExitStatus`](super::ExitStatus) reads it.
+        ProcessExited {
+            /// Exit code, negated signal number, or `i32::MIN` when unknown.
+            status: i32,
+        },
+        /// The launcher saw the subject's process exit.
+        LauncherWitness {
+            /// Exit code, negated signal number, or `i32::MIN` when unknown.
+            status: i32,
+        },
+    }
 }
 
 /// An exit status as `Evidence` carries it (SPEC.md): an exit code when non-negative, a
@@ -374,8 +451,11 @@ impl std::fmt::Display for ExitStatus {
 pub struct Notice {
     /// The member that reached the verdict.
     pub origin: Rank,
+    /// The member the verdict is about.
     pub subject: Rank,
+    /// What the origin concluded; `Dead` and `Departed` are absorbing for the epoch.
     pub verdict: Verdict,
+    /// Why the origin concluded it; the first evidence is kept and reported to the application.
     pub evidence: Evidence,
     /// Forwarding hops so far (0 when sent by the origin).
     pub hops: u16,
@@ -385,7 +465,9 @@ pub struct Notice {
 #[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct Revoke {
+    /// The member that revoked first; later origins change nothing.
     pub origin: Rank,
+    /// Forwarding hops so far (0 when sent by the origin).
     pub hops: u16,
     /// What made the origin revoke, when it was a member's departure or failure under
     /// running operations (`None` for a revoke the application asked for). Every member
@@ -398,7 +480,9 @@ pub struct Revoke {
 #[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct RevokeCause {
+    /// The member that departed or failed.
     pub subject: Rank,
+    /// How the origin learned it.
     pub evidence: Evidence,
 }
 
@@ -411,7 +495,9 @@ pub struct RevokeCause {
 )]
 #[rkyv(derive(Debug, PartialEq, Eq))]
 pub struct Ballot {
+    /// Compared first; a coordinator that is refused retries with a higher round.
     pub round: u32,
+    /// Breaks ties between coordinators of the same round; never `Rank::NONE`.
     pub coordinator: Rank,
 }
 
@@ -421,6 +507,7 @@ pub struct Ballot {
 pub struct Proposal {
     /// The new communicator's id and epoch.
     pub comm: CommId,
+    /// The new epoch: the current one plus one.
     pub epoch: Epoch,
     /// Old-epoch ranks agreed absent (dead or departed), ascending.
     pub removed: Vec<Rank>,
@@ -435,6 +522,7 @@ pub struct Proposal {
 #[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct Prepare {
+    /// The ballot the coordinator claims.
     pub ballot: Ballot,
 }
 
@@ -443,7 +531,11 @@ pub struct Prepare {
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct Promise {
+    /// The `Prepare`'s ballot when promising; a higher one when refusing (the ballot already
+    /// promised).
     pub ballot: Ballot,
+    /// The highest-ballot proposal this member already accepted for this epoch change, which the
+    /// coordinator must re-propose if any member reports one.
     pub accepted: Option<(Ballot, Proposal)>,
     /// Old-epoch ranks this member knows to be absent.
     pub absent: Vec<Rank>,
@@ -453,7 +545,9 @@ pub struct Promise {
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct Propose {
+    /// The ballot the proposal is made under.
     pub ballot: Ballot,
+    /// The candidate next epoch.
     pub proposal: Proposal,
 }
 
@@ -461,11 +555,13 @@ pub struct Propose {
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct Accept {
+    /// The ballot voted on, or the higher ballot promised when `ok` is false.
     pub ballot: Ballot,
     /// False when the member has promised a higher ballot (then `ballot` is that ballot).
     /// An absence the proposal lacks does not refuse it (a value that may already be chosen
     /// must stay acceptable); it is reported in `absent` for the next epoch's agreement.
     pub ok: bool,
+    /// Current-epoch ranks this member knows absent (a rank set: ascending, no duplicates).
     pub absent: Vec<Rank>,
 }
 
@@ -473,7 +569,9 @@ pub struct Accept {
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct Commit {
+    /// The ballot the proposal was chosen under.
     pub ballot: Ballot,
+    /// The next epoch every member installs.
     pub proposal: Proposal,
 }
 
@@ -487,7 +585,10 @@ pub struct ChunkHeader {
     pub collective: u8,
     /// Wire code of the element type (`DType::code`).
     pub dtype: u8,
+    /// The operation the chunk belongs to (collective sequence number, or a point-to-point one).
     pub op: OpSeq,
+    /// The payload's index among the operation's payloads on this link in this direction; credit
+    /// returns set the high `CREDIT` bit (chorus-engine's `run` module). Matched with `op`.
     pub step: u32,
     /// Byte offset of the payload within the operation's buffer.
     pub offset: u64,
@@ -496,7 +597,10 @@ pub struct ChunkHeader {
 /// A data chunk: header plus payload (a slice of the receive buffer, never copied).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Chunk {
+    /// Routing and tag fields; checked against the receive's tag (a mismatch is an error).
     pub header: ChunkHeader,
+    /// The data: at most `max_chunk_payload` bytes, a multiple of the element size, sliced from
+    /// the decoder's receive buffer without a copy.
     pub payload: Bytes,
 }
 
@@ -519,10 +623,15 @@ pub struct StatusRequest {
 #[rkyv(derive(Debug, PartialEq, Eq))]
 #[repr(u8)]
 pub enum PeerState {
+    /// Known from the table but not yet heard from.
     Joining = 0,
+    /// Heard from within the deadline (also what a peer without a record reads as).
     Alive = 1,
+    /// Silent past `suspect_after` on this observer: local and reversible, never absent.
     Suspect = 2,
+    /// Declared dead; absorbing for the epoch.
     Dead = 3,
+    /// Left explicitly; absorbing for the epoch.
     Departed = 4,
 }
 
@@ -530,10 +639,13 @@ pub enum PeerState {
 #[derive(Archive, Serialize, Deserialize, Copy, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct PeerStatus {
+    /// The peer this row is about, in the member's current numbering.
     pub rank: Rank,
+    /// The ledger's state for it.
     pub state: PeerState,
     /// Milliseconds since the member last heard from this peer (`u64::MAX`: never).
     pub last_heard_ms: u64,
+    /// The evidence behind a `Dead` or `Departed` verdict (the first one kept), else `None`.
     pub evidence: Option<Evidence>,
 }
 
@@ -542,10 +654,15 @@ pub struct PeerStatus {
 #[rkyv(derive(Debug, PartialEq, Eq))]
 #[repr(u8)]
 pub enum OpState {
+    /// Submitted, not yet running.
     Queued = 0,
+    /// Running: `step` and `waiting_on` say where.
     Running = 1,
+    /// Completed successfully.
     Done = 2,
+    /// Ended with an error of its own (a link or device failure, bad arguments).
     Failed = 3,
+    /// Ended by an abort of its context (a peer's failure, a revoke, a timeout, the application).
     Aborted = 4,
 }
 
@@ -553,12 +670,17 @@ pub enum OpState {
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct OpRecord {
+    /// The operation's sequence number on its communicator.
     pub seq: OpSeq,
     /// Wire code of the collective.
     pub collective: u8,
+    /// Size of the operation's buffer as its algorithm measures it, in bytes.
     pub bytes: u64,
+    /// The algorithm's name (`ring`, `recursive-doubling`, ...), at most 64 bytes.
     pub algorithm: String,
+    /// Where it stands.
     pub state: OpState,
+    /// The schedule step it had reached (0 before the first).
     pub step: u32,
     /// The peer this operation is blocked on, if it is blocked.
     pub waiting_on: Option<Rank>,
@@ -572,10 +694,15 @@ pub struct OpRecord {
 #[derive(Archive, Serialize, Deserialize, Clone, PartialEq, Eq, Debug)]
 #[rkyv(derive(Debug))]
 pub struct StatusReply {
+    /// The answering member's rank, at its current epoch.
     pub rank: Rank,
+    /// The member's current epoch (it may have shrunk or grown since the client's table).
     pub epoch: Epoch,
+    /// Members at that epoch.
     pub world: u32,
+    /// Its ledger: one row per peer it has a record for.
     pub peers: Vec<PeerStatus>,
+    /// Its flight recorder, oldest first, at most the request's `max_ops` entries.
     pub ops: Vec<OpRecord>,
     /// The first error this member's communicator recorded, with its stable token.
     pub async_error: Option<String>,

@@ -24,8 +24,11 @@ pub const SECRET: JobSecret = JobSecret::new(*b"chorus golden vector job secret!
 /// A named frame: what the encoder is given to produce one golden vector.
 #[derive(Clone, PartialEq, Debug)]
 pub struct Sample {
+    /// The golden vector's file stem in `protocol/vectors/` (`hello`, `chunk-f32`, ...).
     pub name: &'static str,
+    /// The routing fields the frame is encoded with.
     pub envelope: Envelope,
+    /// The body; encoding it with a fresh encoder gives the vector's bytes exactly.
     pub message: Message,
 }
 

@@ -12,61 +12,137 @@ use crate::message::{
     PeerInfo, Promise, Proposal, Propose, Reject, Revoke, StatusReply, Verdict, Welcome,
 };
 
-/// The rule a message breaks.
+/// The rule a message breaks. Every variant closes the connection with
+/// `protocol-violation`; the fields say which field broke which bound, for the log line.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum Invalid {
+    /// A string is longer than the spec allows (a detail, a host name, an algorithm name).
     #[error("{field} is {len} bytes, at most {max} allowed")]
     TooLong {
+        /// The field, as SPEC.md names it.
         field: &'static str,
+        /// Its length in bytes.
         len: usize,
+        /// The bound in bytes.
         max: usize,
     },
+    /// A list has more entries than `Limits` allows (members, ranks, status rows).
     #[error("{field} has {len} entries, at most {max} allowed")]
     TooMany {
+        /// The field, as SPEC.md names it.
         field: &'static str,
+        /// Its number of entries.
         len: usize,
+        /// The bound.
         max: usize,
     },
+    /// A list that must have at least one entry (a peer table) has none.
     #[error("{field} is empty")]
-    Empty { field: &'static str },
+    Empty {
+        /// The field, as SPEC.md names it.
+        field: &'static str,
+    },
+    /// A peer table entry whose rank is not its index (`members[i].rank == i`).
     #[error("members[{index}] has rank {rank}, expected r{index}")]
-    RankOutOfPlace { index: usize, rank: Rank },
+    RankOutOfPlace {
+        /// The entry's index in the table.
+        index: usize,
+        /// The rank it claims.
+        rank: Rank,
+    },
+    /// A rank set that is not strictly ascending (out of order, or a duplicate).
     #[error("{field} is not strictly ascending at index {index}")]
-    NotAscending { field: &'static str, index: usize },
+    NotAscending {
+        /// The field, as SPEC.md names it.
+        field: &'static str,
+        /// The first index out of order.
+        index: usize,
+    },
+    /// A rank no member can hold where a member is required (`Rank::NONE` as a coordinator,
+    /// in a rank set, ...).
     #[error("{field} is {rank}, which no member can be")]
-    BadRank { field: &'static str, rank: Rank },
+    BadRank {
+        /// The field, as SPEC.md names it.
+        field: &'static str,
+        /// The rank found.
+        rank: Rank,
+    },
+    /// A `Hello` whose version range is empty or starts at 0.
     #[error("version range {min}..={max} is empty or starts at 0")]
-    BadVersionRange { min: u16, max: u16 },
+    BadVersionRange {
+        /// `version_min` as sent.
+        min: u16,
+        /// `version_max` as sent.
+        max: u16,
+    },
+    /// A `HelloAck` choosing version 0.
     #[error("version 0 does not exist")]
     ZeroVersion,
+    /// A `Join` whose rank is outside its world, or a grow joiner's (world 0) that names a
+    /// rank instead of `Rank::NONE`.
     #[error("join for world {world} names {rank}")]
-    JoinRank { world: u32, rank: Rank },
+    JoinRank {
+        /// The `world` the join names.
+        world: u32,
+        /// The rank its `peer` claims.
+        rank: Rank,
+    },
+    /// A `Notice` whose subject is its own origin (a member reports itself only by
+    /// departing).
     #[error("notice about its own origin {rank}")]
-    SelfNotice { rank: Rank },
+    SelfNotice {
+        /// The origin and subject.
+        rank: Rank,
+    },
+    /// A `Revoke` whose cause is its own origin or a launcher's witness: a member revokes
+    /// neither because of itself nor on a launcher's behalf.
     #[error("revoke caused by {subject} with evidence {evidence}")]
     RevokeCause {
+        /// The cause's subject.
         subject: Rank,
+        /// The evidence variant's name.
         evidence: &'static str,
     },
+    /// A `Notice` whose evidence does not fit its verdict or origin: `Departed` without a
+    /// departure (or the reverse), `Suspect` on conclusive evidence, a launcher witness that
+    /// is not `Dead`, or no origin without a witness.
     #[error("verdict {verdict:?} with evidence {evidence}")]
     VerdictEvidence {
+        /// The notice's verdict.
         verdict: Verdict,
+        /// The evidence variant's name.
         evidence: &'static str,
     },
+    /// A chunk header's collective code this version does not know.
     #[error("unknown collective code {0}")]
     UnknownCollective(u8),
+    /// A chunk header's dtype code this version does not know.
     #[error("unknown dtype code {0}")]
     UnknownDType(u8),
+    /// A chunk offset or length that is not a whole number of elements.
     #[error("{field} {value} is not a multiple of the {dtype} element size")]
     Misaligned {
+        /// `offset` or `length`.
         field: &'static str,
+        /// Its value in bytes.
         value: u64,
+        /// The chunk's element type.
         dtype: DType,
     },
+    /// A chunk whose `offset + length` overflows a `u64`.
     #[error("chunk offset {offset} + length {len} overflows")]
-    ChunkOverflow { offset: u64, len: u64 },
+    ChunkOverflow {
+        /// The header's byte offset.
+        offset: u64,
+        /// The payload's length in bytes.
+        len: u64,
+    },
+    /// A chunk header whose reserved bytes are not zero (kept zero so a later version can
+    /// give them a meaning).
     #[error("chunk header reserved bytes are not zero")]
     ChunkReserved,
+    /// A rule of the stream's role (SPEC.md, "Roles"): a `Notice` with an origin on a
+    /// `Launcher` stream, a `Join` naming another sender on a `Bootstrap` stream, ...
     #[error("{0}")]
     RoleRule(&'static str),
 }

@@ -19,13 +19,18 @@ use crate::message::{Hello, HelloAck, Message, PROOF_LEN, Reject, Role};
 /// What an acceptor needs for one incoming stream.
 #[derive(Clone, Debug)]
 pub struct AcceptorConfig {
+    /// The job secret the connector's proof must verify under.
     pub secret: JobSecret,
     /// Fresh random bytes for the `HelloAck`, never reused.
     pub nonce: Nonce,
+    /// What the proofs are bound to: `ChannelBinding::Tls` on QUIC (a `Hello` recorded on one
+    /// TLS session fails on any other), `None` on plain TCP.
     pub binding: ChannelBinding,
+    /// The versions this end offers; the highest one in both ranges is chosen.
     pub versions: VersionRange,
     /// When a stream that has not sent a valid `Hello` is refused with `deadline`.
     pub deadline: Instant,
+    /// The decoding limits of the stream once established (body sizes, table sizes).
     pub limits: Limits,
 }
 
@@ -47,7 +52,9 @@ impl AcceptorConfig {
 /// An authenticated `Hello`, for the caller's policy to admit or refuse.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 pub struct PeerHello {
+    /// What the connector wants the stream for; the policy refuses roles it does not serve.
     pub role: Role,
+    /// The communicator the connector names; refuse an unknown one with `unknown-comm`.
     pub comm: CommId,
     /// The connector's epoch (0 if it has none yet).
     pub epoch: Epoch,
@@ -73,6 +80,7 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
+    /// An acceptor waiting for the connector's `Hello`.
     pub fn new(config: AcceptorConfig) -> Self {
         Acceptor {
             encoder: Encoder::new(config.limits),

@@ -18,20 +18,25 @@ use crate::message::{Hello, Message, PROOF_LEN, Role};
 /// What a connector needs to open a stream.
 #[derive(Clone, Debug)]
 pub struct ConnectorConfig {
+    /// The job secret the proofs are made under.
     pub secret: JobSecret,
     /// This end's communicator, epoch (0 if it has none yet) and rank (`Rank::NONE` if it is
     /// not a member: status client, launcher, grow joiner).
     pub envelope: Envelope,
+    /// What the stream is for; fixes which kinds each side may send afterwards.
     pub role: Role,
     /// Fresh random bytes, never reused.
     pub nonce: Nonce,
     /// The rank being dialled: a `HelloAck` from any other sender fails with `WrongPeer`.
     /// `None` when the caller does not know it (the bootstrap root, a status target).
     pub peer: Option<Rank>,
+    /// What the proofs are bound to: `ChannelBinding::Tls` on QUIC, `None` on plain TCP.
     pub binding: ChannelBinding,
+    /// The versions this end offers in its `Hello`.
     pub versions: VersionRange,
     /// When to give up waiting for the answer.
     pub deadline: Instant,
+    /// The decoding limits of the stream once established.
     pub limits: Limits,
 }
 

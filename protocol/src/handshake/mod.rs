@@ -37,6 +37,7 @@ use crate::message::{Kind, Role};
 pub struct Established {
     /// The version both ends speak from now on.
     pub version: u8,
+    /// What the stream is for, as the connector's `Hello` chose it.
     pub role: Role,
     /// The communicator the stream serves.
     pub comm: CommId,
@@ -62,29 +63,56 @@ impl Established {
 pub enum HandshakeError {
     /// The other end refused with a `Reject` (unauthenticated: only this attempt ends).
     #[error("rejected by peer ({code}): {detail}")]
-    Rejected { code: CloseCode, detail: String },
+    Rejected {
+        /// The code of the peer's `Reject`, which it closes the stream with.
+        code: CloseCode,
+        /// The peer's reason, as it wrote it (untrusted text).
+        detail: String,
+    },
     /// This end refused the peer and wrote a `Reject` with this code.
     #[error("refused ({code}): {detail}")]
-    Refused { code: CloseCode, detail: String },
+    Refused {
+        /// The code written in the `Reject`; close the stream with it.
+        code: CloseCode,
+        /// Why this end refused.
+        detail: String,
+    },
     /// The peer's proof did not verify: it does not know the job secret.
     #[error("peer failed to prove the job secret")]
     AuthFailed,
     /// No version in common, or the acceptor chose one outside the connector's range.
     #[error("no common protocol version (ours {ours_min}..={ours_max}, theirs {theirs})")]
     VersionMismatch {
+        /// The lowest version this end speaks.
         ours_min: u16,
+        /// The highest version this end speaks.
         ours_max: u16,
+        /// What the peer offered or chose, as text (a range from a `Hello`, one version from a
+        /// `HelloAck`).
         theirs: String,
     },
     /// The answer came from a rank other than the one dialled.
     #[error("answered by {found}, expected {expected}")]
-    WrongPeer { expected: Rank, found: Rank },
+    WrongPeer {
+        /// The rank this end dialled.
+        expected: Rank,
+        /// The rank the answer's header names.
+        found: Rank,
+    },
     /// The answer named another communicator.
     #[error("answer for communicator {found}, expected {expected}")]
-    WrongComm { expected: CommId, found: CommId },
+    WrongComm {
+        /// The communicator this end asked for.
+        expected: CommId,
+        /// The communicator the answer's header names.
+        found: CommId,
+    },
     /// A frame of a kind the handshake does not expect.
     #[error("unexpected {kind} frame during the handshake")]
-    Unexpected { kind: Kind },
+    Unexpected {
+        /// The kind that arrived.
+        kind: Kind,
+    },
     /// The handshake did not finish by the caller's deadline.
     #[error("handshake deadline expired")]
     Deadline,

@@ -21,6 +21,8 @@ const ACK_LABEL: &[u8] = b"chorus/1 hello-ack\0";
 pub struct JobSecret([u8; 32]);
 
 impl JobSecret {
+    /// A secret from its bytes. They must come from a CSPRNG (or a token made from one): the
+    /// secret is all that keeps strangers out of the job.
     pub const fn new(bytes: [u8; 32]) -> Self {
         JobSecret(bytes)
     }

@@ -6,7 +6,9 @@ use crate::header::{BASE_VERSION, VERSION};
 /// An inclusive range of protocol versions.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 pub struct VersionRange {
+    /// The lowest version, at least 1.
     pub min: u16,
+    /// The highest version, at least `min`.
     pub max: u16,
 }
 
