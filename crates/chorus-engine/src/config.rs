@@ -120,10 +120,15 @@ pub struct EngineConfig {
 /// [`Algorithm::for_collective`].
 #[derive(Clone, Default, PartialEq, Eq, Debug)]
 pub struct Overrides {
+    /// All-reduce's algorithm, whatever the size (`None`: chosen by size and world).
     pub all_reduce: Option<Algorithm>,
+    /// Reduce's algorithm, whatever the size.
     pub reduce: Option<Algorithm>,
+    /// Broadcast's algorithm, whatever the size.
     pub broadcast: Option<Algorithm>,
+    /// All-gather's algorithm, whatever the size.
     pub all_gather: Option<Algorithm>,
+    /// Reduce-scatter's algorithm, whatever the size.
     pub reduce_scatter: Option<Algorithm>,
 }
 

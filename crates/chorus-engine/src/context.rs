@@ -34,22 +34,48 @@ pub struct Context {
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum AbortReason {
     /// The application asked (`comm.abort()`), with its explanation.
-    Requested { detail: Arc<str> },
+    Requested {
+        /// The application's explanation, passed on to the errors and the departures.
+        detail: Arc<str>,
+    },
     /// The failure detector declared a peer dead.
-    PeerFailed { rank: Rank, evidence: Evidence },
+    PeerFailed {
+        /// The dead peer, in the communicator's numbering at the aborted epoch.
+        rank: Rank,
+        /// What the verdict rests on (a lost connection, an exit, a missed deadline).
+        evidence: Evidence,
+    },
     /// A peer left the communicator (departure frame or connection close with a code).
-    PeerDeparted { rank: Rank, code: CloseCode },
+    PeerDeparted {
+        /// The peer that left.
+        rank: Rank,
+        /// The code its departure carried.
+        code: CloseCode,
+    },
     /// A deadline owned by the runtime expired: `wait` names the wait, `after_ms` the budget.
-    Timeout { wait: Arc<str>, after_ms: u64 },
+    Timeout {
+        /// The wait that expired (`all-reduce op7 step 3 on r2`, `init`, ...).
+        wait: Arc<str>,
+        /// The budget that passed, in milliseconds.
+        after_ms: u64,
+    },
     /// The communicator was revoked (by `origin`, when known); nothing more runs at its epoch.
-    Revoked { origin: Option<Rank> },
+    Revoked {
+        /// The member that revoked first, when known.
+        origin: Option<Rank>,
+    },
     /// The other members declared this rank dead; it must not act in the new epoch.
     Evicted,
     /// The process or library is shutting down.
     Shutdown,
     /// Another operation on the same communicator failed first, so this one cannot be
     /// trusted to complete (its peers may be stuck in the failed one).
-    OpFailed { op: OpSeq, collective: Collective },
+    OpFailed {
+        /// The operation that failed first.
+        op: OpSeq,
+        /// Its collective.
+        collective: Collective,
+    },
 }
 
 impl AbortReason {

@@ -150,16 +150,38 @@ pub trait Device: Send + Sync + 'static {
 pub enum DeviceError {
     /// A region fell outside its memory.
     #[error("region {off}+{len} outside memory of {size} bytes")]
-    OutOfBounds { off: usize, len: usize, size: usize },
+    OutOfBounds {
+        /// The region's start, in bytes.
+        off: usize,
+        /// The region's length, in bytes.
+        len: usize,
+        /// The memory's size, in bytes.
+        size: usize,
+    },
     /// A length or offset is not a whole number of elements.
     #[error("{len} bytes is not a whole number of {dtype} elements")]
-    Misaligned { len: usize, dtype: DType },
+    Misaligned {
+        /// The length or offset, in bytes.
+        len: usize,
+        /// The element type it should be a multiple of.
+        dtype: DType,
+    },
     /// The device cannot apply this operator to this type.
     #[error("{op} is not supported for {dtype} on this device")]
-    Unsupported { op: ReduceOp, dtype: DType },
+    Unsupported {
+        /// The operator asked for.
+        op: ReduceOp,
+        /// The element type asked for.
+        dtype: DType,
+    },
     /// Allocation failed.
     #[error("cannot allocate {bytes} bytes: {detail}")]
-    OutOfMemory { bytes: usize, detail: String },
+    OutOfMemory {
+        /// The size asked for, in bytes.
+        bytes: usize,
+        /// The allocator's or driver's error.
+        detail: String,
+    },
     /// The device (driver, runtime) is not there or failed.
     #[error("device unavailable: {0}")]
     Unavailable(String),

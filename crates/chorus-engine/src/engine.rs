@@ -166,18 +166,23 @@ where
         self
     }
 
+    /// This rank's place in the communicator (`0..world`), fixed for the engine's life: a shrink
+    /// builds a new engine.
     pub fn rank(&self) -> Rank {
         self.rank
     }
 
+    /// The number of ranks in the communicator.
     pub fn world(&self) -> u32 {
         self.world
     }
 
+    /// The device every operation's copies and reductions run on.
     pub fn device(&self) -> &Arc<D> {
         &self.device
     }
 
+    /// The configuration the engine was built with (chunk size, pipeline depth, algorithms).
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }

@@ -17,8 +17,11 @@ use crate::link::LinkError;
 /// Why an operation failed, with where it was.
 #[derive(Clone, PartialEq, Debug)]
 pub struct OpError {
+    /// What went wrong.
     pub kind: OpErrorKind,
+    /// The operation's collective.
     pub collective: Collective,
+    /// The operation's sequence number, the same on every rank for the same call.
     pub op: OpSeq,
     /// The step (tag step, which encodes the chunk) the operation had reached, if it started
     /// communicating.
@@ -44,7 +47,12 @@ pub enum OpErrorKind {
     /// A peer sent a payload of a different size than this rank expects (the ranks passed
     /// different counts or types).
     #[error("size mismatch: expected {expected} bytes, peer sent {got}")]
-    SizeMismatch { expected: usize, got: usize },
+    SizeMismatch {
+        /// The payload size this rank's schedule expects, in bytes.
+        expected: usize,
+        /// The size the peer sent, in bytes.
+        got: usize,
+    },
     /// The call's arguments are invalid on this rank.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -102,7 +110,12 @@ impl std::error::Error for OpError {
 pub enum EngineError {
     /// `rank` is not below `world`, or `world` is zero.
     #[error("rank {rank} outside a world of {world}")]
-    RankOutOfRange { rank: Rank, world: u32 },
+    RankOutOfRange {
+        /// The rank asked for.
+        rank: Rank,
+        /// The world size asked for.
+        world: u32,
+    },
     /// A link's peer is this rank or outside the world, or two links name the same peer.
     #[error("bad link set: {0}")]
     Links(String),

@@ -1,5 +1,5 @@
 //! The host [`Device`]: CPU memory as `[u8]`, `Bytes` payloads (in recycled buffers, see
-//! `pool.rs`), reductions from [`crate::kernel`].
+//! `pool.rs`), reductions from the private `kernel` module.
 
 use std::ops::{Deref, DerefMut};
 

@@ -21,6 +21,7 @@
 //! library or binary.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod algo;
 mod collective;

@@ -83,11 +83,18 @@ pub trait Link<P = Bytes>: Send + Sync {
 /// call, so a difference is a programming error on some rank, detected at the receiver.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 pub struct Tag {
+    /// The collective the operation is, so ranks that called different ones are caught.
     pub collective: Collective,
+    /// The operation's sequence number: collectives count up per communicator, point-to-point
+    /// operations per peer and direction (with `P2P_SEQ_BIT` set).
     pub op: OpSeq,
+    /// The payload's index among the operation's payloads on this link in this direction (not
+    /// its place in the algorithm's schedule); credit returns set the engine's `CREDIT` bit.
+    /// Matched with `op`.
     pub step: u32,
     /// Byte offset of the payload within the operation's buffer.
     pub offset: u64,
+    /// The element type, checked by the receiver like the other fields.
     pub dtype: DType,
 }
 
@@ -104,11 +111,14 @@ impl fmt::Display for Tag {
 /// Why a link was cancelled: the code its departure frame and connection close carry.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct CancelReason {
+    /// Carried to the peer by the departure frame and the connection-level close.
     pub code: CloseCode,
+    /// Why, for the peer's error and log (cut to the protocol's detail bound on the wire).
     pub detail: Arc<str>,
 }
 
 impl CancelReason {
+    /// A reason with `code` and a human-readable, lowercase `detail`.
     pub fn new(code: CloseCode, detail: impl Into<Arc<str>>) -> Self {
         Self {
             code,
@@ -131,17 +141,40 @@ pub enum LinkError {
     Cancelled(CancelReason),
     /// The peer sent a departure (or closed with an application code).
     #[error("peer departed ({code}): {detail}")]
-    PeerDeparted { code: CloseCode, detail: String },
+    PeerDeparted {
+        /// The departure's code (`normal`, `left`, `aborted`, `evicted`, ...).
+        code: CloseCode,
+        /// The peer's reason, as it sent it.
+        detail: String,
+    },
     /// The connection failed without a departure.
     #[error("connection lost: {detail}")]
-    ConnectionLost { detail: String },
+    ConnectionLost {
+        /// What failed (a reset, an end of stream, an IO error), for the log.
+        detail: String,
+    },
     /// The peer sent a payload for the same `(op, step)` under a different tag.
     #[error("tag mismatch: expected {expected}, peer sent {got}")]
-    TagMismatch { expected: Tag, got: Tag },
+    TagMismatch {
+        /// The tag this side's `recv` posted.
+        expected: Tag,
+        /// The tag the peer's payload carried for the same `(op, step)`.
+        got: Tag,
+    },
     /// The peer sent bytes that fail validation; the connection was closed with `code`.
     #[error("protocol violation ({code}): {detail}")]
-    Protocol { code: CloseCode, detail: String },
+    Protocol {
+        /// The close code the connection was closed with (`protocol-violation`, ...).
+        code: CloseCode,
+        /// The rule the peer's bytes broke.
+        detail: String,
+    },
     /// The peer sent more unclaimed data than the link holds.
     #[error("peer sent {bytes} bytes nobody asked for (limit {limit})")]
-    Overflow { bytes: u64, limit: u64 },
+    Overflow {
+        /// Bytes held for receives not yet posted, this payload included.
+        bytes: u64,
+        /// The link's bound on held bytes.
+        limit: u64,
+    },
 }

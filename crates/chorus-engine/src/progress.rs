@@ -38,12 +38,17 @@ pub struct OpProgress {
 /// be from instants a few nanoseconds apart).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct OpSnapshot {
+    /// The operation's sequence number (see [`OpProgress::seq`]).
     pub seq: OpSeq,
+    /// The operation's collective.
     pub collective: Collective,
+    /// Its element type (`None` for a barrier, which carries no data).
     pub dtype: Option<DType>,
     /// Bytes of the operation's buffer on this rank.
     pub bytes: u64,
+    /// The algorithm's name, as `CHORUS_ALGO` spells it.
     pub algorithm: &'static str,
+    /// Where it stands at the snapshot.
     pub state: OpState,
     /// The step (tag step) last started.
     pub step: u32,
@@ -84,10 +89,12 @@ impl OpProgress {
         self.seq
     }
 
+    /// The operation's collective.
     pub fn collective(&self) -> Collective {
         self.collective
     }
 
+    /// The algorithm the engine chose for it (or the override).
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
@@ -108,6 +115,7 @@ impl OpProgress {
         &self.context
     }
 
+    /// Where it stands: queued, running, or how it ended.
     pub fn state(&self) -> OpState {
         match self.state.load(Ordering::Acquire) {
             0 => OpState::Queued,
@@ -118,10 +126,13 @@ impl OpProgress {
         }
     }
 
+    /// The schedule step last started (0 before the first); may lag by a step while read.
     pub fn step(&self) -> u32 {
         self.step.load(Ordering::Relaxed)
     }
 
+    /// The peer the operation is blocked on right now, if it is blocked on one: the rank to ask
+    /// about a hang.
     pub fn waiting_on(&self) -> Option<Rank> {
         match self.waiting_on.load(Ordering::Relaxed) {
             NOBODY => None,
@@ -129,6 +140,7 @@ impl OpProgress {
         }
     }
 
+    /// A copy of every field, each read atomically (not all at one instant).
     pub fn snapshot(&self) -> OpSnapshot {
         OpSnapshot {
             seq: self.seq,

@@ -9,12 +9,21 @@ use crate::{Buffer, Op, Reduction};
 /// One operation to check.
 #[derive(Clone, Debug)]
 pub struct Case {
+    /// Seeds the inputs (`reference::input`), so every case's data differs and a result that
+    /// landed in the wrong case's buffer is caught.
     pub id: u64,
+    /// The collective under test.
     pub collective: Collective,
+    /// The element type.
     pub dtype: DType,
+    /// The reduction (ignored by collectives that do not reduce).
     pub reduction: Reduction,
+    /// The operation's `count` argument, in elements (see [`Op`] for what it counts per
+    /// collective).
     pub count: usize,
+    /// Run with one buffer ([`Buffer::InPlace`]) instead of separate send and receive buffers.
     pub in_place: bool,
+    /// The root rank, for the rooted collectives (ignored by the others).
     pub root: u32,
 }
 

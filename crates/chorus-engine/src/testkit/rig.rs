@@ -13,6 +13,7 @@ use crate::{Buffer, Device, Engine, HostBuffer, HostDevice, Link, Op, Reduction}
 /// implement it on a type of their own (the orphan rule keeps them from implementing a trait
 /// of this crate on a device of theirs); [`Host`] is the host device's.
 pub trait Rig: Sync {
+    /// The device the matrix runs on.
     type Device: Device;
     /// A new allocation on `dev` holding `data`.
     fn load(&self, dev: &Self::Device, data: &[u8]) -> <Self::Device as Device>::Owned;
