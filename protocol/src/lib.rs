@@ -7,8 +7,9 @@
 //!
 //! The pieces a transport uses: an [`Encoder`] and a [`Decoder`] per byte stream, and the
 //! handshake state machines [`Connector`] and [`Acceptor`]. The control plane and runtime
-//! use the [`message`] bodies, [`CloseCode`]s and the identifier newtypes; [`samples`] has
-//! one valid frame of every kind for tests.
+//! use the [`message`] bodies, [`CloseCode`]s and the identifier newtypes. The non-default
+//! `testkit` feature adds `samples`: one valid frame of every kind, the golden vectors'
+//! sources, for tests and benches only (never enable it in a library or binary).
 //!
 //! # A stream, end to end
 //!
@@ -69,6 +70,7 @@ pub mod header;
 pub mod ids;
 pub mod limits;
 pub mod message;
+#[cfg(feature = "testkit")]
 pub mod samples;
 pub mod validation;
 

@@ -2,8 +2,8 @@
 //!
 //! Floor 2 of the house (`docs/ARCHITECTURE.md`). It decides who is alive, who left, who is dead
 //! and what the next communicator looks like: membership ledger, liveness detector, departure,
-//! revoke, agreement, shrink/grow planning and bootstrap, plus `sim`, a seeded deterministic
-//! simulator of many ranks on a faulty network.
+//! revoke, agreement, shrink/grow planning and bootstrap, plus (with the `testkit` feature)
+//! `sim`, a seeded deterministic simulator of many ranks on a faulty network.
 //!
 //! Time and messages are inputs. This crate must never depend on tokio, quinn, io-uring,
 //! cudarc or `chorus-engine`, and never read a clock, spawn a thread or touch a socket: the
@@ -17,7 +17,9 @@
 //! - [`plan`]: pure shrink/grow layout planning.
 //! - [`Ledger`], [`overlay`], [`broadcast`]: what a member believes, who watches whom, how
 //!   news spreads.
-//! - [`sim`]: the deterministic simulator and its property checks.
+//! - `sim` (non-default `testkit` feature): the deterministic simulator and its property
+//!   checks. A cargo feature rather than `cfg(test)` so the crate's integration tests and
+//!   examples can drive it; test support only, never enabled by a library or binary.
 //!
 //! # Who sends what to whom
 //!
@@ -59,6 +61,7 @@ mod outbox;
 pub mod overlay;
 pub mod plan;
 mod revoke;
+#[cfg(feature = "testkit")]
 pub mod sim;
 pub mod time;
 pub mod transmit;

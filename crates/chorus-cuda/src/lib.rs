@@ -17,6 +17,12 @@
 //!   also fails the operation if an abort kept any of the bytes it read from arriving.
 //! - [`CudaDevice::synchronize`]: the bounded wait for everything a rank queued, its links'
 //!   streams included.
+//!
+//! The non-default `testkit` feature adds `testing` (find a GPU or print the skip line, a
+//! minimal executor, worlds of engines over device links with a watchdog) and
+//! `DeviceLink::freeze_for_test`, for this crate's tests, its `gpu_bench` example and the
+//! device check (`kernels/check.sh`). Test support only: never enable it in a library or
+//! binary.
 
 pub mod cache;
 pub mod compile;
@@ -36,7 +42,7 @@ pub mod reference;
 mod region;
 pub mod source;
 mod sync;
-#[doc(hidden)]
+#[cfg(feature = "testkit")]
 pub mod testing;
 
 pub use device::CudaDevice;

@@ -290,7 +290,8 @@ impl DeviceLink {
 
     /// Stop taking messages out of the peer's slots, as a frozen process would (tests and
     /// the device check use it to leave the peer's waits with nobody to release them).
-    #[doc(hidden)]
+    /// Test support: only with the `testkit` feature.
+    #[cfg(feature = "testkit")]
     pub fn freeze_for_test(&self) {
         self.core.frozen.store(true, Ordering::SeqCst);
     }
