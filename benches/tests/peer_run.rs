@@ -3,7 +3,7 @@
 //! The runner's tests use a fake `mpirun` (a shell script), so they need no peer; the tests
 //! of `mpi_allreduce.c` and `gloo_allreduce.py` need Open MPI or torch and say so when they
 //! skip.
-#![allow(clippy::unwrap_used, clippy::print_stderr, reason = "tests")]
+#![allow(clippy::unwrap_used, reason = "tests")]
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use chorus_benches::peer::bench_doc::{BenchDoc, Row};
+use chorus_engine::testkit::skip;
 
 const PEER_RUN: &str = env!("CARGO_BIN_EXE_peer-run");
 
@@ -233,7 +234,7 @@ const ODD_SIZES: usize = 6;
 #[test]
 fn mpi_allreduce_sweeps_right_results_over_tcp_and_shared_memory() {
     let (Some(mpicc), Some(mpirun)) = (find("mpicc"), find("mpirun")) else {
-        eprintln!("skipped: Open MPI is not installed; benches/peer/run.sh installs it");
+        skip("Open MPI is not installed; benches/peer/run.sh installs it");
         return;
     };
     let dir = temp_dir("mpi");
@@ -288,7 +289,7 @@ fn torch_python() -> Option<PathBuf> {
 }
 
 const NO_TORCH: &str =
-    "skipped: no python with torch (set CHORUS_BENCH_PYTHON, or run benches/peer/run.sh once)";
+    "no python with torch (set CHORUS_BENCH_PYTHON, or run benches/peer/run.sh once)";
 
 fn gloo(python: &Path) -> Command {
     let mut cmd = Command::new(python);
@@ -299,7 +300,7 @@ fn gloo(python: &Path) -> Command {
 #[test]
 fn gloo_allreduce_sweeps_right_results_in_place() {
     let Some(python) = torch_python() else {
-        eprintln!("{NO_TORCH}");
+        skip(NO_TORCH);
         return;
     };
     for corrupt in [0, 1] {
@@ -324,7 +325,7 @@ fn gloo_allreduce_sweeps_right_results_in_place() {
 #[test]
 fn gloo_launcher_stops_the_others_when_a_rank_dies() {
     let Some(python) = torch_python() else {
-        eprintln!("{NO_TORCH}");
+        skip(NO_TORCH);
         return;
     };
     let started = Instant::now();

@@ -3,10 +3,8 @@
 //! links, ranks as threads sharing one GPU, with a watchdog so nothing hangs.
 
 use std::future::Future;
-use std::io::Write as _;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::Duration;
@@ -29,7 +27,6 @@ pub type GpuEngine = Engine<CudaDevice, DeviceLink>;
 /// check sets it) a missing GPU fails the test instead: there, a skip would hide a broken
 /// setup behind passing tests.
 pub fn gpu_or_skip(what: &str) -> Option<Arc<Gpu>> {
-    static SAID: AtomicBool = AtomicBool::new(false);
     match Gpu::open(0) {
         Ok(gpu) => Some(gpu),
         Err(e) if std::env::var("CHORUS_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
@@ -40,11 +37,7 @@ pub fn gpu_or_skip(what: &str) -> Option<Arc<Gpu>> {
             }
         }
         Err(e) => {
-            if !SAID.swap(true, Ordering::SeqCst) {
-                // Straight to the stream: the test harness captures `eprintln!` of passing
-                // tests, and this line is for the person running them.
-                let _ = writeln!(std::io::stderr(), "skipped {what}: {e}");
-            }
+            chorus_engine::testkit::skip(&format!("{what}: {e}"));
             None
         }
     }

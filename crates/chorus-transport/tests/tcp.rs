@@ -1,6 +1,6 @@
 //! The TCP suite, run against both backends (io_uring and epoll) by `backend_suite!`.
 
-#![allow(clippy::unwrap_used, clippy::print_stderr)] // test code: a failed unwrap is a failed test; skips say why
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 
@@ -36,8 +36,9 @@ fn config(backend: Backend) -> TransportConfig {
 /// A transport on `backend`, or `None` (saying why) when this kernel refuses io_uring.
 fn transport(backend: Backend, cfg: Option<TransportConfig>) -> Option<(TcpTransport, JobSecret)> {
     if backend == Backend::Uring && !uring_available() {
-        eprintln!(
-            "skipped: io_uring_setup is refused on this machine; the epoll run covers the logic"
+        chorus_engine::testkit::skip(
+            "the io_uring runs: io_uring_setup is refused on this machine; the epoll runs cover \
+             the logic",
         );
         return None;
     }
