@@ -35,8 +35,13 @@ pub const GATE: &str = "chorus_gate";
 
 /// The translation unit NVRTC compiles.
 pub fn unit() -> String {
+    unit_of(&FILES)
+}
+
+/// The translation unit of `files`: each file's text after a `#line` marker naming it.
+fn unit_of(files: &[(&str, &str)]) -> String {
     let mut out = String::new();
-    for (name, text) in FILES {
+    for (name, text) in files {
         // Writing to a String cannot fail.
         let _ = writeln!(out, "#line 1 \"{name}\"");
         out.push_str(text);
@@ -47,7 +52,12 @@ pub fn unit() -> String {
 
 /// Hex SHA-256 of the translation unit: part of the on-disk cache key.
 pub fn hash() -> String {
-    hex::encode(Sha256::digest(unit().as_bytes()))
+    hash_of(&FILES)
+}
+
+/// Hex SHA-256 of the translation unit of `files`.
+fn hash_of(files: &[(&str, &str)]) -> String {
+    hex::encode(Sha256::digest(unit_of(files).as_bytes()))
 }
 
 /// The kernel's suffix for a type (`f32`, `bf16`, `f8e4m3`, ...).
@@ -152,6 +162,27 @@ mod tests {
     fn the_hash_is_stable_and_tracks_the_sources() {
         assert_eq!(hash(), hash());
         assert_eq!(hash().len(), 64);
+        assert_eq!(
+            hash(),
+            hash_of(&FILES),
+            "the key is the hash of the embedded files"
+        );
+        // The on-disk cache is keyed by this hash: any edit to a file, a renamed file (its
+        // name is in the `#line` markers, so in the diagnostics) or a new order must give a
+        // new key, or a stale image would be loaded for new sources.
+        for (i, (name, text)) in FILES.iter().enumerate() {
+            let edited = format!("{text}\n// edited\n");
+            let mut files = FILES;
+            files[i].1 = &edited;
+            assert_ne!(hash_of(&files), hash(), "an edit to {name}");
+            let renamed = format!("{name}.old");
+            let mut files = FILES;
+            files[i].0 = &renamed;
+            assert_ne!(hash_of(&files), hash(), "renaming {name}");
+        }
+        let mut files = FILES;
+        files.swap(0, 1);
+        assert_ne!(hash_of(&files), hash(), "another order");
     }
 
     #[test]
