@@ -220,6 +220,23 @@ pub fn rank_pids(stderr: &str) -> Vec<u32> {
     pids
 }
 
+/// When rank `rank` ended, on the launcher's clock (from the job's start, the launcher's own
+/// start-up excluded), read from its status line (`rank N (pid P) … at +S.SSs …`).
+pub fn rank_end(stderr: &str, rank: u32) -> Duration {
+    let head = format!("rank {rank} (pid ");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains(&head))
+        .unwrap_or_else(|| panic!("no status line for rank {rank}:\n{stderr}"));
+    let at = line
+        .split(" at +")
+        .nth(1)
+        .and_then(|t| t.split('s').next())
+        .and_then(|t| t.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no end time in {line:?}"));
+    Duration::from_secs_f64(at)
+}
+
 /// A fresh directory for one test's files.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("chorus-cli-{name}-{}", std::process::id()));
