@@ -49,6 +49,7 @@ pub use device::{Device, DeviceError};
 pub use engine::{Engine, P2P_SEQ_BIT};
 pub use error::{EngineError, OpError, OpErrorKind};
 pub use host::{HostBuffer, HostDevice};
+pub use kernel::int_multiplier;
 pub use link::{CancelReason, Link, LinkError, LinkFuture, Tag};
 pub use local::{HeldLimit, LocalLink};
 pub use op::{Buffer, Op, Reduction};
