@@ -6,6 +6,7 @@ mod link;
 mod reader;
 pub(crate) mod socket;
 mod spin;
+mod teardown;
 mod uring;
 
 use std::net::SocketAddr;
