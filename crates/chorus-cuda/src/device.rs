@@ -9,7 +9,9 @@
 //! soon as the operation is aborted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use chorus_engine::context::Context;
@@ -256,11 +258,7 @@ impl CudaDevice {
     }
 
     pub(crate) fn attach(&self, a: Weak<dyn Attached>) {
-        let mut v = self
-            .inner
-            .attached
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut v = self.inner.attached.lock();
         v.retain(|w| w.strong_count() > 0);
         v.push(a);
     }
@@ -272,7 +270,7 @@ impl CudaDevice {
 
 impl DeviceInner {
     fn live_attached(&self) -> Vec<Arc<dyn Attached>> {
-        let mut v = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = self.attached.lock();
         v.retain(|w| w.strong_count() > 0);
         v.iter().filter_map(Weak::upgrade).collect()
     }

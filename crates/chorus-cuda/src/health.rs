@@ -6,7 +6,9 @@
 //! one; the abort word is one-way, so every later message on that link is suspect too, and a
 //! payload whose last message is at or after the first retired generation is spoiled.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 use chorus_protocol::Rank;
 
@@ -93,7 +95,7 @@ impl<T> Ledger<T> {
     /// Record that a payload through `link` ending at generation `last` has been read (call
     /// after queueing the read, so a settle that takes the ledger first covers it).
     pub(crate) fn note(&self, link: &Arc<T>, last: u64) {
-        let mut read = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        let mut read = self.read.lock();
         read.retain(|(w, _)| w.strong_count() > 0);
         match read
             .iter_mut()
@@ -106,7 +108,7 @@ impl<T> Ledger<T> {
 
     /// Everything recorded so far, leaving the ledger empty.
     pub(crate) fn take(&self) -> Vec<(Arc<T>, u64)> {
-        let read = std::mem::take(&mut *self.read.lock().unwrap_or_else(|p| p.into_inner()));
+        let read = std::mem::take(&mut *self.read.lock());
         read.into_iter()
             .filter_map(|(w, last)| w.upgrade().map(|l| (l, last)))
             .collect()
@@ -130,7 +132,7 @@ impl<T> Default for Origins<T> {
 
 impl<T> Origins<T> {
     pub(crate) fn hold(&self, link: &Arc<T>) {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock();
         if !held.iter().any(|h| Arc::ptr_eq(h, link)) {
             held.push(link.clone());
         }
@@ -138,7 +140,7 @@ impl<T> Origins<T> {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.held.lock().len()
     }
 }
 
@@ -185,7 +187,7 @@ mod tests {
         for i in 0..100 {
             ledger.note(&Arc::new(i as u8), 1);
         }
-        assert!(ledger.read.lock().unwrap().len() <= 1);
+        assert!(ledger.read.lock().len() <= 1);
     }
 
     #[test]

@@ -26,7 +26,9 @@ use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::{Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -355,7 +357,7 @@ impl LinkCore {
 
     fn close_mailbox(&self, err: LinkError) {
         let wakers = {
-            let mut m = self.mailbox.lock().unwrap_or_else(|p| p.into_inner());
+            let mut m = self.mailbox.lock();
             if m.closed.is_none() {
                 m.closed = Some(err);
             }
@@ -371,18 +373,14 @@ impl LinkCore {
         if let Some(e) = self.failure.get() {
             return Some(e.clone());
         }
-        self.mailbox
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .closed
-            .clone()
+        self.mailbox.lock().closed.clone()
     }
 
     fn send(&self, tag: Tag, payload: GpuPayload) -> Result<(), LinkError> {
         if let Some(e) = self.unusable() {
             return Err(e);
         }
-        let mut seq = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seq = self.tx.lock();
         let (ptr, len, ready, origin) = payload.take();
         let queued = self.queue_send(&mut seq, ptr, len as u64, ready.as_ref(), origin);
         if ptr != 0 {
@@ -517,7 +515,7 @@ impl LinkCore {
     fn read_loop(self: Arc<Self>) {
         self.read_frames();
         let (lock, cv) = &self.reader_done;
-        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *lock.lock() = true;
         cv.notify_all();
     }
 
@@ -535,11 +533,7 @@ impl LinkCore {
             }
             match frame {
                 Ok(Some(Frame::Sent { tag, len })) => {
-                    let held = self
-                        .mailbox
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .held_bytes;
+                    let held = self.mailbox.lock().held_bytes;
                     if held.saturating_add(len) > self.config.max_held_bytes {
                         self.fail(LinkError::Overflow {
                             bytes: held.saturating_add(len),
@@ -550,7 +544,7 @@ impl LinkCore {
                     match self.queue_receive(len) {
                         Ok(payload) => {
                             let wakers = {
-                                let mut m = self.mailbox.lock().unwrap_or_else(|p| p.into_inner());
+                                let mut m = self.mailbox.lock();
                                 m.held_bytes += len;
                                 m.held.push_back((tag, payload));
                                 std::mem::take(&mut m.wakers)
@@ -615,7 +609,7 @@ impl LinkCore {
         self.set_abort();
         // Best effort and never blocking: if a send holds the socket, the peer sees the
         // shutdown instead of the departure frame.
-        if let Ok(_guard) = self.tx.try_lock() {
+        if let Some(_guard) = self.tx.try_lock() {
             let _ = self
                 .socket
                 .set_write_timeout(Some(Duration::from_millis(100)));
@@ -666,7 +660,7 @@ impl Future for Recv<'_> {
         if let Some(r) = core.cancelled.get() {
             return Poll::Ready(Err(LinkError::Cancelled(r.clone())));
         }
-        let mut m = core.mailbox.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = core.mailbox.lock();
         let want = self.tag;
         let at = m
             .held
@@ -709,10 +703,8 @@ impl Drop for DeviceLink {
             core.set_abort();
             drained = core.drain(t);
         }
-        if healthy
-            && !core.abort_word_set()
-            && let Ok(_seq) = core.tx.lock()
-        {
+        if healthy && !core.abort_word_set() {
+            let _seq = core.tx.lock();
             let _ = (Frame::Depart {
                 code: CloseCode::NORMAL,
                 detail: "link closed".into(),
@@ -723,10 +715,8 @@ impl Drop for DeviceLink {
         // which its departure (or its death) tells us.
         if matches!(core.theirs, PeerRegion::Mapped { .. }) {
             let (lock, cv) = &core.reader_done;
-            let done = lock.lock().unwrap_or_else(|p| p.into_inner());
-            let (done, _) = cv
-                .wait_timeout_while(done, t, |d| !*d)
-                .unwrap_or_else(|p| p.into_inner());
+            let mut done = lock.lock();
+            cv.wait_while_for(&mut done, |d| !*d, t);
             if !*done {
                 tracing::warn!(peer = %core.peer, "peer did not depart in time; leaking the link's region");
                 std::mem::forget(core.own.clone());
@@ -738,10 +728,8 @@ impl Drop for DeviceLink {
             // The shutdown ends the reader's read; join only if it has finished, so a
             // reader stuck in a driver call cannot hold the drop.
             let (lock, cv) = &core.reader_done;
-            let done = lock.lock().unwrap_or_else(|p| p.into_inner());
-            let (done, _) = cv
-                .wait_timeout_while(done, t, |d| !*d)
-                .unwrap_or_else(|p| p.into_inner());
+            let mut done = lock.lock();
+            cv.wait_while_for(&mut done, |d| !*d, t);
             if *done {
                 let _ = reader.join();
             }

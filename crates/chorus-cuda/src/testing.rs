@@ -7,7 +7,9 @@ use std::io::Write as _;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
+
+use parking_lot::{Condvar, Mutex};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::Duration;
 
@@ -55,7 +57,7 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
     struct Signal(Mutex<bool>, Condvar);
     impl Wake for Signal {
         fn wake(self: Arc<Self>) {
-            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            *self.0.lock() = true;
             self.1.notify_one();
         }
     }
@@ -67,9 +69,9 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
         if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
             return v;
         }
-        let mut woken = signal.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut woken = signal.0.lock();
         while !*woken {
-            woken = signal.1.wait(woken).unwrap_or_else(|p| p.into_inner());
+            signal.1.wait(&mut woken);
         }
         *woken = false;
     }
