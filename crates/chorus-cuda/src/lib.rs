@@ -18,6 +18,7 @@
 //! - [`CudaDevice::synchronize`]: the bounded wait for everything a rank queued, its links'
 //!   streams included.
 
+mod allocator;
 pub mod cache;
 pub mod compile;
 pub mod device;

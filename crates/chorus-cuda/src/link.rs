@@ -27,8 +27,6 @@ use std::os::unix::net::UnixStream;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-
-use parking_lot::{Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -36,6 +34,7 @@ use std::time::{Duration, Instant};
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
 use chorus_protocol::{CloseCode, Rank};
 use cudarc::driver::{CudaStream, result};
+use parking_lot::{Condvar, Mutex};
 
 use crate::device::{Attached, CudaDevice};
 use crate::error::CudaError;
@@ -483,7 +482,7 @@ impl LinkCore {
             ptr,
             len: len as usize,
             ready: None,
-            device: self.device.inner.clone(),
+            alloc: self.device.inner.alloc.clone(),
             origin: None,
         };
         let mut done = 0u64;
