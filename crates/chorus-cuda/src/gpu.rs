@@ -4,9 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
-
 use cudarc::driver::{CudaContext, result, sys};
+use parking_lot::Mutex;
 
 use crate::cache::{self, Key};
 use crate::compile;

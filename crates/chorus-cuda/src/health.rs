@@ -8,9 +8,8 @@
 
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
-
 use chorus_protocol::Rank;
+use parking_lot::Mutex;
 
 use crate::mapped::MappedHost;
 use crate::region::{RECV_RETIRED, Region};

@@ -13,9 +13,8 @@ use std::collections::HashMap;
 use std::ffi::c_char;
 use std::sync::{Arc, OnceLock, Weak};
 
-use parking_lot::Mutex;
-
 use cudarc::driver::{CudaStream, result, sys};
+use parking_lot::Mutex;
 
 use crate::error::CudaError;
 use crate::gpu::Gpu;

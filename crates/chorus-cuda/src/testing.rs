@@ -8,14 +8,13 @@ use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
-
-use parking_lot::{Condvar, Mutex};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::Duration;
 
 use chorus_engine::link::{CancelReason, Link};
 use chorus_engine::{AbortReason, Context, Engine, EngineConfig};
 use chorus_protocol::{CloseCode, Rank};
+use parking_lot::{Condvar, Mutex};
 
 use crate::device::CudaDevice;
 use crate::error::CudaError;

@@ -17,12 +17,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-
-use parking_lot::{Mutex, MutexGuard};
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use chorus_protocol::message::{Evidence, ExitStatus};
 use chorus_protocol::{CloseCode, Collective, OpSeq, Rank};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::idmap::IdMap;
 

@@ -21,10 +21,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
-
 use chorus_protocol::message::OpState;
 use chorus_protocol::{Collective, DType, OpSeq, Rank};
+use parking_lot::Mutex;
 use tracing::Instrument;
 
 use crate::collective;

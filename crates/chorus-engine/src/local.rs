@@ -20,12 +20,11 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-
-use parking_lot::{Mutex, MutexGuard};
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use bytes::Bytes;
 use chorus_protocol::{CloseCode, Rank};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
 
