@@ -669,7 +669,7 @@ impl Driver {
         match role {
             Role::Member => {
                 let comm = self.comms.get(&epoch).copied().unwrap_or(self.node.comm());
-                self.input(Input::Frame(chorus_control::Frame {
+                self.input(Input::Frame(chorus_control::Received {
                     from: peer,
                     comm,
                     epoch,
