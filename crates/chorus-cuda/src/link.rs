@@ -38,8 +38,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::device::{Attached, CudaDevice};
 use crate::error::CudaError;
-use crate::frame::{Frame, Hello, RegionInfo, VERSION};
 use crate::health::{ABORT, LinkHealth, Origins, RETIRED_RECV, RETIRED_SEND};
+use crate::host_frame::{Hello, HostFrame, RegionInfo, VERSION};
 use crate::mapped::MappedHost;
 use crate::payload::{GpuPayload, Origin};
 use crate::region::{CONSUMED, PeerRegion, READY, RECV_RETIRED, Region, SEND_SKIP, SLOTS};
@@ -171,11 +171,11 @@ impl DeviceLink {
             slot_bytes: config.slot_bytes as u64,
             slots: config.slots,
         };
-        Frame::Hello(hello.clone())
+        HostFrame::Hello(hello.clone())
             .write_to(&mut &socket)
             .map_err(|e| io("sending hello", e))?;
         let theirs = match read_before(&socket, deadline).map_err(&link_err)? {
-            Frame::Hello(h) => h,
+            HostFrame::Hello(h) => h,
             other => return Err(link_err(format!("expected hello, got {other:?}"))),
         };
         if theirs.version != VERSION {
@@ -220,11 +220,11 @@ impl DeviceLink {
                 Some(own.ipc_handle()?)
             },
         };
-        Frame::Region(info)
+        HostFrame::Region(info)
             .write_to(&mut &socket)
             .map_err(|e| io("sending region", e))?;
         let their_region = match read_before(&socket, deadline).map_err(&link_err)? {
-            Frame::Region(r) => r,
+            HostFrame::Region(r) => r,
             other => return Err(link_err(format!("expected region, got {other:?}"))),
         };
         let theirs = match (same_process, their_region.ipc) {
@@ -396,7 +396,7 @@ impl LinkCore {
             self.fail(err.clone());
             return Err(err);
         }
-        if let Err(e) = (Frame::Sent {
+        if let Err(e) = (HostFrame::Sent {
             tag,
             len: len as u64,
         })
@@ -520,7 +520,7 @@ impl LinkCore {
 
     fn read_frames(&self) {
         loop {
-            let frame = Frame::read_from(&mut &self.socket);
+            let frame = HostFrame::read_from(&mut &self.socket);
             if self.cancelled.get().is_some() {
                 return;
             }
@@ -531,7 +531,7 @@ impl LinkCore {
                 return;
             }
             match frame {
-                Ok(Some(Frame::Sent { tag, len })) => {
+                Ok(Some(HostFrame::Sent { tag, len })) => {
                     let held = self.mailbox.lock().held_bytes;
                     if held.saturating_add(len) > self.config.max_held_bytes {
                         self.fail(LinkError::Overflow {
@@ -558,7 +558,7 @@ impl LinkCore {
                         }
                     }
                 }
-                Ok(Some(Frame::Depart { code, detail })) => {
+                Ok(Some(HostFrame::Depart { code, detail })) => {
                     let err = LinkError::PeerDeparted { code, detail };
                     if code != CloseCode::NORMAL {
                         let _ = self.failure.set(err.clone());
@@ -577,7 +577,7 @@ impl LinkCore {
                 }
                 Ok(Some(other)) => {
                     let _ = (&self.socket).write_all(
-                        &Frame::Depart {
+                        &HostFrame::Depart {
                             code: CloseCode::PROTOCOL_VIOLATION,
                             detail: "unexpected frame".into(),
                         }
@@ -612,7 +612,7 @@ impl LinkCore {
             let _ = self
                 .socket
                 .set_write_timeout(Some(Duration::from_millis(100)));
-            let _ = (Frame::Depart {
+            let _ = (HostFrame::Depart {
                 code: reason.code,
                 detail: reason.detail.to_string(),
             })
@@ -704,7 +704,7 @@ impl Drop for DeviceLink {
         }
         if healthy && !core.abort_word_set() {
             let _seq = core.tx.lock();
-            let _ = (Frame::Depart {
+            let _ = (HostFrame::Depart {
                 code: CloseCode::NORMAL,
                 detail: "link closed".into(),
             })
@@ -742,7 +742,7 @@ impl Drop for DeviceLink {
 }
 
 /// Read one handshake frame, failing at `deadline`.
-fn read_before(socket: &UnixStream, deadline: Instant) -> Result<Frame, String> {
+fn read_before(socket: &UnixStream, deadline: Instant) -> Result<HostFrame, String> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err("handshake timed out".into());
@@ -750,7 +750,7 @@ fn read_before(socket: &UnixStream, deadline: Instant) -> Result<Frame, String> 
     socket
         .set_read_timeout(Some(left))
         .map_err(|e| format!("socket: {e}"))?;
-    match Frame::read_from(&mut &*socket) {
+    match HostFrame::read_from(&mut &*socket) {
         Ok(Some(f)) => Ok(f),
         Ok(None) => Err("the peer closed the socket during the handshake".into()),
         Err(e) => Err(format!("handshake: {e}")),
