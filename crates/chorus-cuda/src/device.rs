@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use crate::allocator::StreamAllocator;
 use crate::error::CudaError;
 use crate::gpu::Gpu;
-use crate::health::{Ledger, LinkHealth};
+use crate::health::{LinkHealth, Reads};
 use crate::mapped::MappedHost;
 use crate::memory::{GpuBuffer, GpuMem};
 use crate::payload::GpuPayload;
@@ -55,7 +55,7 @@ pub(crate) struct DeviceInner {
     name: String,
     attached: Mutex<Vec<Weak<dyn Attached>>>,
     /// Payloads from device links read on the main stream since the last settle.
-    read: Ledger<LinkHealth>,
+    read: Reads<LinkHealth>,
     settle_timeout_us: AtomicU64,
     syncs: AtomicU64,
 }
@@ -92,7 +92,7 @@ impl CudaDevice {
                 alloc,
                 name,
                 attached: Mutex::new(Vec::new()),
-                read: Ledger::default(),
+                read: Reads::default(),
                 settle_timeout_us: AtomicU64::new(DEFAULT_SETTLE_TIMEOUT.as_micros() as u64),
                 syncs: AtomicU64::new(0),
             }),
