@@ -1,5 +1,5 @@
 //! Host arithmetic on byte slices: the reductions, scaling and division behind
-//! [`crate::host::HostDevice`].
+//! [`crate::host_device::HostDevice`].
 //!
 //! Two paths compute the same bits:
 //!

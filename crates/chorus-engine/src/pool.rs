@@ -1,4 +1,4 @@
-//! Recycled host buffers for the payloads [`crate::host::HostDevice`] packs.
+//! Recycled host buffers for the payloads [`crate::host_device::HostDevice`] packs.
 //!
 //! Every chunk an operation sends is copied into a payload the link owns until the bytes
 //! are on the wire. Allocating a fresh chunk-sized buffer each time sends the allocator to
