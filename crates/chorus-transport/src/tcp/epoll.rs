@@ -1,6 +1,6 @@
 //! The epoll backend: a reader task and a writer task per connection on the progress
 //! thread's tokio runtime. Same semantics as the io_uring backend; the shared test suite
-//! runs against both.
+//! runs against both, and both carry out the close sequence that `teardown.rs` decides.
 //!
 //! The socket is registered with tokio's epoll for output only, so arriving data never
 //! wakes the progress thread by itself. A `recv` reads the socket on its own thread before

@@ -23,6 +23,10 @@
 //! Before it sleeps in the kernel, the ring thread spins on its completion queue for the
 //! configured `busy_poll`, so a completion (a parked receive's poll) that lands within that
 //! window skips the wake-up of a sleeping thread.
+//!
+//! This file is the callers' side (`Ring`, `UringConn`); the progress thread's loop is in
+//! `thread.rs`, its registered buffers in `slots.rs`, its sends in `send.rs`, and its part
+//! in a close, which [`super::teardown::Teardown`] decides, in `close.rs`.
 
 mod close;
 mod send;

@@ -20,8 +20,8 @@ impl Slots {
                 iov_len: c.len(),
             })
             .collect();
-        // SAFETY: the iovecs point into `mem`, which lives in the driver next to the ring
-        // and is freed only after the ring (see `Driver::run`'s teardown).
+        // SAFETY: the iovecs point into `mem`, which lives in the ring thread next to the ring
+        // and is freed only after the ring (see `RingThread::run`'s teardown).
         let registered = !iovecs.is_empty()
             && match unsafe { ring.submitter().register_buffers(&iovecs) } {
                 Ok(()) => true,

@@ -193,13 +193,13 @@ impl RingThread {
         }
     }
 
-    /// Queues an entry whose buffers the driver owns until its completion.
+    /// Queues an entry whose buffers the ring thread owns until its completion.
     pub(super) fn push(&mut self, entry: squeue::Entry, op: Op) -> u64 {
         let ud = self.next_op;
         self.next_op += 1;
         let entry = entry.user_data(ud);
         for _ in 0..3 {
-            // SAFETY: every buffer `entry` names is owned by the driver — the slot pool,
+            // SAFETY: every buffer `entry` names is owned by the ring thread — the slot pool,
             // the wake buffer, a connection (kept until its `inflight` count is zero), or
             // the `Bytes` kept in `op` — and so outlives the operation.
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
