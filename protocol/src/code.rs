@@ -64,6 +64,12 @@ impl CloseCode {
     pub const fn is_departure(self) -> bool {
         matches!(self.0, 0x00..=0x03)
     }
+
+    /// True for a graceful end, `NORMAL` or `LEFT`: the member finished or its process is
+    /// shutting down. Nothing failed, so a survivor need not abort anything it shares.
+    pub const fn is_graceful(self) -> bool {
+        matches!(self, CloseCode::NORMAL | CloseCode::LEFT)
+    }
 }
 
 impl fmt::Debug for CloseCode {
@@ -75,5 +81,20 @@ impl fmt::Debug for CloseCode {
 impl fmt::Display for CloseCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CloseCode;
+
+    #[test]
+    fn only_normal_and_left_are_graceful() {
+        let graceful: Vec<u16> = (0..=u16::from(u8::MAX))
+            .filter(|&c| CloseCode(c).is_graceful())
+            .collect();
+        assert_eq!(graceful, [CloseCode::NORMAL.0, CloseCode::LEFT.0]);
+        assert!(CloseCode::NORMAL.is_departure() && CloseCode::LEFT.is_departure());
+        assert!(!CloseCode::ABORTED.is_graceful());
     }
 }

@@ -18,10 +18,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use chorus::{Config, RootHost, UniqueId};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::clock::{mono_ns, ms_between};
 use crate::event::Event;
@@ -118,7 +118,7 @@ impl Job {
     /// Starts a root for `spec.world` ranks and the ranks themselves (`bin` is the
     /// `chorus-test-rank` executable), and waits until every rank reported `ready`.
     pub fn start(bin: &Path, spec: JobSpec) -> Job {
-        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let serial = SERIAL.lock();
         reap::become_subreaper();
         let config = Config {
             init_timeout: spec.start_timeout,

@@ -48,7 +48,7 @@ impl Verdict {
             Verdict::LauncherError => "launcher error".into(),
             Verdict::Timeout => "timed out".into(),
             Verdict::Interrupted(s) => {
-                format!("interrupted by {}", crate::launcher::signal_name(s))
+                format!("interrupted by {}", crate::signal::signal_name(s))
             }
         }
     }

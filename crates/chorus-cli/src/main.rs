@@ -10,6 +10,7 @@ mod bench;
 mod exit;
 mod launcher;
 mod run;
+mod signal;
 mod size;
 mod status;
 

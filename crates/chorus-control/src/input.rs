@@ -12,7 +12,7 @@ use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
     /// A control frame received from a member.
-    Frame(Frame),
+    Frame(Received),
     /// A connection to `peer` completed its handshake (a sign of life).
     ConnectionOpened { peer: Rank, epoch: Epoch },
     /// `peer` closed the connection with an application code (QUIC `CONNECTION_CLOSE`, or
@@ -46,7 +46,7 @@ pub enum Input {
 
 /// A control frame and its header, as the runtime decoded it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Frame {
+pub struct Received {
     /// The sender's rank at `epoch` (the header's sender field).
     pub from: Rank,
     pub comm: CommId,

@@ -71,7 +71,7 @@ pub use bootstrap::{BootstrapError, JoinError, Rendezvous};
 pub use config::{Config, ConfigError, Quorum};
 pub use error::InputError;
 pub use event::{Agreed, Event, Eviction};
-pub use input::{Command, Frame, Input, Witness};
+pub use input::{Command, Input, Received, Witness};
 pub use ledger::{Ledger, PeerRecord};
 pub use node::{Node, Stats, Status};
 pub use plan::{Plan, PlanError};

@@ -36,7 +36,7 @@ use crate::config::{Config, ConfigError};
 use crate::detector::{Detector, Expiry};
 use crate::error::InputError;
 use crate::event::{Agreed, Event, Eviction};
-use crate::input::{Command, Frame, Input, Witness};
+use crate::input::{Command, Input, Received, Witness};
 use crate::ledger::Ledger;
 use crate::outbox::Outbox;
 use crate::overlay::Ring;
@@ -308,7 +308,7 @@ impl Node {
     // -----------------------------------------------------------------------------------
     // Inputs
 
-    fn on_frame(&mut self, frame: Frame, now: Instant) -> Result<(), InputError> {
+    fn on_frame(&mut self, frame: Received, now: Instant) -> Result<(), InputError> {
         self.stats.frames += 1;
         let kind = frame.message.kind();
         if frame.comm != self.view.comm() {
@@ -598,7 +598,7 @@ impl Node {
 
     /// A frame from an epoch this member left: the sender missed a commit. Answer with the
     /// one that follows its epoch, once the flood has had time to reach it.
-    fn on_stale(&mut self, frame: &Frame, now: Instant) {
+    fn on_stale(&mut self, frame: &Received, now: Instant) {
         if matches!(frame.message, Message::Commit(_)) {
             return;
         }
@@ -1142,7 +1142,7 @@ mod tests {
     }
 
     fn frame(from: u32, epoch: u64, message: Message) -> Input {
-        Input::Frame(Frame {
+        Input::Frame(Received {
             from: Rank(from),
             comm: COMM,
             epoch: Epoch(epoch),
@@ -1253,7 +1253,7 @@ mod tests {
     #[test]
     fn frames_that_do_not_belong_are_refused_without_effect() {
         let mut n = node(4, 1);
-        let wrong_comm = Input::Frame(Frame {
+        let wrong_comm = Input::Frame(Received {
             from: Rank(0),
             comm: CommId(8),
             epoch: Epoch(0),

@@ -8,7 +8,9 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use crate::compile::{self, Image, Target};
 use crate::error::CudaError;
@@ -46,7 +48,7 @@ pub fn get_or_compile(key: &Key, source: &str) -> Result<(Arc<Image>, bool), Cud
     static MEMORY: OnceLock<Mutex<Compiled>> = OnceLock::new();
     let memory = MEMORY.get_or_init(Default::default);
     // Held across the compile so two threads opening the same GPU compile once.
-    let mut map = memory.lock().unwrap_or_else(|p| p.into_inner());
+    let mut map = memory.lock();
     if let Some(hit) = map.get(key) {
         return Ok(hit.clone());
     }

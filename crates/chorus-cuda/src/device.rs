@@ -9,17 +9,19 @@
 //! soon as the operation is aborted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use chorus_engine::context::Context;
 use chorus_engine::device::{Device, DeviceError};
 use chorus_protocol::{DType, Rank, ReduceOp};
-use cudarc::driver::{CudaEvent, CudaStream, result};
+use cudarc::driver::CudaStream;
+use parking_lot::Mutex;
 
+use crate::allocator::StreamAllocator;
 use crate::error::CudaError;
 use crate::gpu::Gpu;
-use crate::health::{Ledger, LinkHealth};
+use crate::health::{LinkHealth, Reads};
 use crate::mapped::MappedHost;
 use crate::memory::{GpuBuffer, GpuMem};
 use crate::payload::GpuPayload;
@@ -48,10 +50,12 @@ pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) struct DeviceInner {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) stream: Arc<CudaStream>,
+    /// The main stream's allocator, shared with the buffers and payloads it allocates.
+    pub(crate) alloc: Arc<StreamAllocator>,
     name: String,
     attached: Mutex<Vec<Weak<dyn Attached>>>,
     /// Payloads from device links read on the main stream since the last settle.
-    read: Ledger<LinkHealth>,
+    read: Reads<LinkHealth>,
     settle_timeout_us: AtomicU64,
     syncs: AtomicU64,
 }
@@ -80,13 +84,15 @@ impl CudaDevice {
             .new_stream()
             .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
         let name = format!("cuda:{}", gpu.ordinal());
+        let alloc = Arc::new(StreamAllocator::new(gpu.clone(), stream.clone()));
         Ok(CudaDevice {
             inner: Arc::new(DeviceInner {
                 gpu,
                 stream,
+                alloc,
                 name,
                 attached: Mutex::new(Vec::new()),
-                read: Ledger::default(),
+                read: Reads::default(),
                 settle_timeout_us: AtomicU64::new(DEFAULT_SETTLE_TIMEOUT.as_micros() as u64),
                 syncs: AtomicU64::new(0),
             }),
@@ -100,7 +106,7 @@ impl CudaDevice {
 
     /// A zeroed buffer of `bytes` bytes (stream-ordered on the main stream).
     pub fn buffer(&self, bytes: usize) -> Result<GpuBuffer, CudaError> {
-        GpuBuffer::zeroed(&self.inner, bytes)
+        GpuBuffer::zeroed(&self.inner.alloc, bytes)
     }
 
     /// Wait until everything queued so far on this rank's streams (main and attached links)
@@ -256,11 +262,7 @@ impl CudaDevice {
     }
 
     pub(crate) fn attach(&self, a: Weak<dyn Attached>) {
-        let mut v = self
-            .inner
-            .attached
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut v = self.inner.attached.lock();
         v.retain(|w| w.strong_count() > 0);
         v.push(a);
     }
@@ -272,48 +274,9 @@ impl CudaDevice {
 
 impl DeviceInner {
     fn live_attached(&self) -> Vec<Arc<dyn Attached>> {
-        let mut v = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = self.attached.lock();
         v.retain(|w| w.strong_count() > 0);
         v.iter().filter_map(Weak::upgrade).collect()
-    }
-
-    /// `bytes` bytes from the device's pool, in order on the main stream (0 for none).
-    pub(crate) fn alloc_async(&self, bytes: usize) -> Result<u64, CudaError> {
-        if bytes == 0 {
-            return Ok(0);
-        }
-        self.gpu.bind()?;
-        // SAFETY: the stream belongs to this (bound) context; the memory is used only by
-        // work ordered after this call on the main stream, or on streams made to wait for it.
-        unsafe { result::malloc_async(self.stream.cu_stream(), bytes) }.map_err(|e| {
-            CudaError::OutOfMemory {
-                bytes,
-                detail: format!("cuMemAllocAsync: {e:?}"),
-            }
-        })
-    }
-
-    /// Free `ptr` in order on the main stream, after `after` if given. Errors are logged:
-    /// this runs from destructors.
-    pub(crate) fn free_async(&self, ptr: u64, after: Option<&CudaEvent>) {
-        if ptr == 0 {
-            return;
-        }
-        let r = self.gpu.bind().and_then(|()| {
-            if let Some(ev) = after {
-                self.stream
-                    .wait(ev)
-                    .map_err(|e| CudaError::driver("cuStreamWaitEvent", e))?;
-            }
-            // SAFETY: `ptr` came from cuMemAllocAsync in this context and is freed once;
-            // every use of it is ordered before this point on the main stream (directly,
-            // or through `after`).
-            unsafe { result::free_async(ptr, self.stream.cu_stream()) }
-                .map_err(|e| CudaError::driver("cuMemFreeAsync", e))
-        });
-        if let Err(e) = r {
-            tracing::warn!(error = %e, "freeing device memory failed; leaking it");
-        }
     }
 }
 
@@ -388,11 +351,11 @@ impl Device for CudaDevice {
         } else {
             // Overlapping: a parallel copy would read bytes it already overwrote, so go
             // through a stream-ordered temporary.
-            let tmp = self.inner.alloc_async(len)?;
+            let tmp = self.inner.alloc.alloc(len)?;
             let r = k
                 .copy(&self.inner.stream, tmp, s, len as u64)
                 .and_then(|()| k.copy(&self.inner.stream, d, tmp, len as u64));
-            self.inner.free_async(tmp, None);
+            self.inner.alloc.free(tmp, None);
             r?;
         }
         Ok(())
@@ -449,12 +412,12 @@ impl Device for CudaDevice {
 
     fn pack(&self, src: &GpuMem, off: usize, len: usize) -> Result<GpuPayload, DeviceError> {
         let s = src.at(off, len)?;
-        let ptr = self.inner.alloc_async(len)?;
+        let ptr = self.inner.alloc.alloc(len)?;
         let mut payload = GpuPayload {
             ptr,
             len,
             ready: None,
-            device: self.inner.clone(),
+            alloc: self.inner.alloc.clone(),
             origin: None,
         };
         if len > 0 {

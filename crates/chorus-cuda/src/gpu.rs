@@ -2,9 +2,10 @@
 //! the loaded kernels. Opened once per ordinal and shared by every rank (thread) on it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, result, sys};
+use parking_lot::Mutex;
 
 use crate::cache::{self, Key};
 use crate::compile;
@@ -42,7 +43,7 @@ impl Gpu {
     pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
         static OPEN: OnceLock<Mutex<HashMap<usize, Arc<Gpu>>>> = OnceLock::new();
         let open = OPEN.get_or_init(Default::default);
-        let mut map = open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = open.lock();
         if let Some(gpu) = map.get(&ordinal) {
             return Ok(gpu.clone());
         }

@@ -6,9 +6,10 @@
 //! one; the abort word is one-way, so every later message on that link is suspect too, and a
 //! payload whose last message is at or after the first retired generation is spoiled.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use chorus_protocol::Rank;
+use parking_lot::Mutex;
 
 use crate::mapped::MappedHost;
 use crate::region::{RECV_RETIRED, Region};
@@ -75,25 +76,25 @@ pub(crate) fn spoiled(first_retired: u64, last: u64) -> bool {
 }
 
 /// The payloads a device has read since it last settled: for each link they came through,
-/// the latest generation read. Weak, so a ledger never keeps a dropped link's memory: a link
+/// the latest generation read. Weak, so the record never keeps a dropped link's memory: a link
 /// is alive while an operation that reads through it is.
-pub(crate) struct Ledger<T> {
+pub(crate) struct Reads<T> {
     read: Mutex<Vec<(Weak<T>, u64)>>,
 }
 
-impl<T> Default for Ledger<T> {
+impl<T> Default for Reads<T> {
     fn default() -> Self {
-        Ledger {
+        Reads {
             read: Mutex::new(Vec::new()),
         }
     }
 }
 
-impl<T> Ledger<T> {
+impl<T> Reads<T> {
     /// Record that a payload through `link` ending at generation `last` has been read (call
-    /// after queueing the read, so a settle that takes the ledger first covers it).
+    /// after queueing the read, so a settle that takes the record first covers it).
     pub(crate) fn note(&self, link: &Arc<T>, last: u64) {
-        let mut read = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        let mut read = self.read.lock();
         read.retain(|(w, _)| w.strong_count() > 0);
         match read
             .iter_mut()
@@ -104,9 +105,9 @@ impl<T> Ledger<T> {
         }
     }
 
-    /// Everything recorded so far, leaving the ledger empty.
+    /// Everything recorded so far, leaving the record empty.
     pub(crate) fn take(&self) -> Vec<(Arc<T>, u64)> {
-        let read = std::mem::take(&mut *self.read.lock().unwrap_or_else(|p| p.into_inner()));
+        let read = std::mem::take(&mut *self.read.lock());
         read.into_iter()
             .filter_map(|(w, last)| w.upgrade().map(|l| (l, last)))
             .collect()
@@ -130,7 +131,7 @@ impl<T> Default for Origins<T> {
 
 impl<T> Origins<T> {
     pub(crate) fn hold(&self, link: &Arc<T>) {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock();
         if !held.iter().any(|h| Arc::ptr_eq(h, link)) {
             held.push(link.clone());
         }
@@ -138,7 +139,7 @@ impl<T> Origins<T> {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.held.lock().len()
     }
 }
 
@@ -157,35 +158,35 @@ mod tests {
     }
 
     #[test]
-    fn the_ledger_keeps_the_latest_generation_per_link_and_empties_on_take() {
-        let ledger = Ledger::default();
+    fn the_reads_keep_the_latest_generation_per_link_and_empty_on_take() {
+        let reads = Reads::default();
         let (a, b) = (Arc::new(1u8), Arc::new(2u8));
-        ledger.note(&a, 3);
-        ledger.note(&b, 7);
-        ledger.note(&a, 9);
-        ledger.note(&a, 4);
-        let mut got: Vec<(u8, u64)> = ledger.take().into_iter().map(|(l, g)| (*l, g)).collect();
+        reads.note(&a, 3);
+        reads.note(&b, 7);
+        reads.note(&a, 9);
+        reads.note(&a, 4);
+        let mut got: Vec<(u8, u64)> = reads.take().into_iter().map(|(l, g)| (*l, g)).collect();
         got.sort_unstable();
         assert_eq!(got, vec![(1, 9), (2, 7)]);
-        assert!(ledger.take().is_empty(), "taken");
-        ledger.note(&a, 1);
-        assert_eq!(ledger.take().len(), 1);
+        assert!(reads.take().is_empty(), "taken");
+        reads.note(&a, 1);
+        assert_eq!(reads.take().len(), 1);
     }
 
     #[test]
-    fn the_ledger_forgets_dropped_links_and_keeps_none_alive() {
-        let ledger = Ledger::default();
+    fn the_reads_forget_dropped_links_and_keeps_none_alive() {
+        let reads = Reads::default();
         let a = Arc::new(1u8);
         let weak = Arc::downgrade(&a);
-        ledger.note(&a, 2);
+        reads.note(&a, 2);
         drop(a);
-        assert!(weak.upgrade().is_none(), "the ledger held the link");
-        assert!(ledger.take().is_empty());
-        // Dead entries are pruned as new ones arrive, so the ledger stays small.
+        assert!(weak.upgrade().is_none(), "the record held the link");
+        assert!(reads.take().is_empty());
+        // Dead entries are pruned as new ones arrive, so the record stays small.
         for i in 0..100 {
-            ledger.note(&Arc::new(i as u8), 1);
+            reads.note(&Arc::new(i as u8), 1);
         }
-        assert!(ledger.read.lock().unwrap().len() <= 1);
+        assert!(reads.read.lock().len() <= 1);
     }
 
     #[test]

@@ -3,13 +3,13 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use chorus_engine::int_multiplier;
 use chorus_protocol::{DType, ReduceOp};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, result};
 use cudarc::nvrtc::Ptx;
 
 use crate::compile::Image;
 use crate::error::CudaError;
-use crate::reference::int_multiplier;
 use crate::source;
 
 /// Threads per block for the elementwise kernels.

@@ -24,13 +24,14 @@
 //! device check (`kernels/check.sh`). Test support only: never enable it in a library or
 //! binary.
 
+mod allocator;
 pub mod cache;
 pub mod compile;
 pub mod device;
 pub mod error;
-pub mod frame;
 pub mod gpu;
 mod health;
+pub mod host_frame;
 mod kernels;
 pub mod link;
 pub mod local;

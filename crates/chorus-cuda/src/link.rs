@@ -26,7 +26,7 @@ use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,11 +34,12 @@ use std::time::{Duration, Instant};
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
 use chorus_protocol::{CloseCode, Rank};
 use cudarc::driver::{CudaStream, result};
+use parking_lot::{Condvar, Mutex};
 
 use crate::device::{Attached, CudaDevice};
 use crate::error::CudaError;
-use crate::frame::{Frame, Hello, RegionInfo, VERSION};
 use crate::health::{ABORT, LinkHealth, Origins, RETIRED_RECV, RETIRED_SEND};
+use crate::host_frame::{Hello, HostFrame, RegionInfo, VERSION};
 use crate::mapped::MappedHost;
 use crate::payload::{GpuPayload, Origin};
 use crate::region::{CONSUMED, PeerRegion, READY, RECV_RETIRED, Region, SEND_SKIP, SLOTS};
@@ -170,11 +171,11 @@ impl DeviceLink {
             slot_bytes: config.slot_bytes as u64,
             slots: config.slots,
         };
-        Frame::Hello(hello.clone())
+        HostFrame::Hello(hello.clone())
             .write_to(&mut &socket)
             .map_err(|e| io("sending hello", e))?;
         let theirs = match read_before(&socket, deadline).map_err(&link_err)? {
-            Frame::Hello(h) => h,
+            HostFrame::Hello(h) => h,
             other => return Err(link_err(format!("expected hello, got {other:?}"))),
         };
         if theirs.version != VERSION {
@@ -219,11 +220,11 @@ impl DeviceLink {
                 Some(own.ipc_handle()?)
             },
         };
-        Frame::Region(info)
+        HostFrame::Region(info)
             .write_to(&mut &socket)
             .map_err(|e| io("sending region", e))?;
         let their_region = match read_before(&socket, deadline).map_err(&link_err)? {
-            Frame::Region(r) => r,
+            HostFrame::Region(r) => r,
             other => return Err(link_err(format!("expected region, got {other:?}"))),
         };
         let theirs = match (same_process, their_region.ipc) {
@@ -356,7 +357,7 @@ impl LinkCore {
 
     fn close_mailbox(&self, err: LinkError) {
         let wakers = {
-            let mut m = self.mailbox.lock().unwrap_or_else(|p| p.into_inner());
+            let mut m = self.mailbox.lock();
             if m.closed.is_none() {
                 m.closed = Some(err);
             }
@@ -372,18 +373,14 @@ impl LinkCore {
         if let Some(e) = self.failure.get() {
             return Some(e.clone());
         }
-        self.mailbox
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .closed
-            .clone()
+        self.mailbox.lock().closed.clone()
     }
 
     fn send(&self, tag: Tag, payload: GpuPayload) -> Result<(), LinkError> {
         if let Some(e) = self.unusable() {
             return Err(e);
         }
-        let mut seq = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seq = self.tx.lock();
         let (ptr, len, ready, origin) = payload.take();
         let queued = self.queue_send(&mut seq, ptr, len as u64, ready.as_ref(), origin);
         if ptr != 0 {
@@ -400,7 +397,7 @@ impl LinkCore {
             self.fail(err.clone());
             return Err(err);
         }
-        if let Err(e) = (Frame::Sent {
+        if let Err(e) = (HostFrame::Sent {
             tag,
             len: len as u64,
         })
@@ -486,7 +483,7 @@ impl LinkCore {
             ptr,
             len: len as usize,
             ready: None,
-            device: self.device.inner.clone(),
+            alloc: self.device.inner.alloc.clone(),
             origin: None,
         };
         let mut done = 0u64;
@@ -518,13 +515,13 @@ impl LinkCore {
     fn read_loop(self: Arc<Self>) {
         self.read_frames();
         let (lock, cv) = &self.reader_done;
-        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *lock.lock() = true;
         cv.notify_all();
     }
 
     fn read_frames(&self) {
         loop {
-            let frame = Frame::read_from(&mut &self.socket);
+            let frame = HostFrame::read_from(&mut &self.socket);
             if self.cancelled.get().is_some() {
                 return;
             }
@@ -535,12 +532,8 @@ impl LinkCore {
                 return;
             }
             match frame {
-                Ok(Some(Frame::Sent { tag, len })) => {
-                    let held = self
-                        .mailbox
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .held_bytes;
+                Ok(Some(HostFrame::Sent { tag, len })) => {
+                    let held = self.mailbox.lock().held_bytes;
                     if held.saturating_add(len) > self.config.max_held_bytes {
                         self.fail(LinkError::Overflow {
                             bytes: held.saturating_add(len),
@@ -551,7 +544,7 @@ impl LinkCore {
                     match self.queue_receive(len) {
                         Ok(payload) => {
                             let wakers = {
-                                let mut m = self.mailbox.lock().unwrap_or_else(|p| p.into_inner());
+                                let mut m = self.mailbox.lock();
                                 m.held_bytes += len;
                                 m.held.push_back((tag, payload));
                                 std::mem::take(&mut m.wakers)
@@ -566,7 +559,7 @@ impl LinkCore {
                         }
                     }
                 }
-                Ok(Some(Frame::Depart { code, detail })) => {
+                Ok(Some(HostFrame::Depart { code, detail })) => {
                     let err = LinkError::PeerDeparted { code, detail };
                     if code != CloseCode::NORMAL {
                         let _ = self.failure.set(err.clone());
@@ -585,7 +578,7 @@ impl LinkCore {
                 }
                 Ok(Some(other)) => {
                     let _ = (&self.socket).write_all(
-                        &Frame::Depart {
+                        &HostFrame::Depart {
                             code: CloseCode::PROTOCOL_VIOLATION,
                             detail: "unexpected frame".into(),
                         }
@@ -616,11 +609,11 @@ impl LinkCore {
         self.set_abort();
         // Best effort and never blocking: if a send holds the socket, the peer sees the
         // shutdown instead of the departure frame.
-        if let Ok(_guard) = self.tx.try_lock() {
+        if let Some(_guard) = self.tx.try_lock() {
             let _ = self
                 .socket
                 .set_write_timeout(Some(Duration::from_millis(100)));
-            let _ = (Frame::Depart {
+            let _ = (HostFrame::Depart {
                 code: reason.code,
                 detail: reason.detail.to_string(),
             })
@@ -667,7 +660,7 @@ impl Future for Recv<'_> {
         if let Some(r) = core.cancelled.get() {
             return Poll::Ready(Err(LinkError::Cancelled(r.clone())));
         }
-        let mut m = core.mailbox.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = core.mailbox.lock();
         let want = self.tag;
         let at = m
             .held
@@ -710,11 +703,9 @@ impl Drop for DeviceLink {
             core.set_abort();
             drained = core.drain(t);
         }
-        if healthy
-            && !core.abort_word_set()
-            && let Ok(_seq) = core.tx.lock()
-        {
-            let _ = (Frame::Depart {
+        if healthy && !core.abort_word_set() {
+            let _seq = core.tx.lock();
+            let _ = (HostFrame::Depart {
                 code: CloseCode::NORMAL,
                 detail: "link closed".into(),
             })
@@ -724,10 +715,8 @@ impl Drop for DeviceLink {
         // which its departure (or its death) tells us.
         if matches!(core.theirs, PeerRegion::Mapped { .. }) {
             let (lock, cv) = &core.reader_done;
-            let done = lock.lock().unwrap_or_else(|p| p.into_inner());
-            let (done, _) = cv
-                .wait_timeout_while(done, t, |d| !*d)
-                .unwrap_or_else(|p| p.into_inner());
+            let mut done = lock.lock();
+            cv.wait_while_for(&mut done, |d| !*d, t);
             if !*done {
                 tracing::warn!(peer = %core.peer, "peer did not depart in time; leaking the link's region");
                 std::mem::forget(core.own.clone());
@@ -739,10 +728,8 @@ impl Drop for DeviceLink {
             // The shutdown ends the reader's read; join only if it has finished, so a
             // reader stuck in a driver call cannot hold the drop.
             let (lock, cv) = &core.reader_done;
-            let done = lock.lock().unwrap_or_else(|p| p.into_inner());
-            let (done, _) = cv
-                .wait_timeout_while(done, t, |d| !*d)
-                .unwrap_or_else(|p| p.into_inner());
+            let mut done = lock.lock();
+            cv.wait_while_for(&mut done, |d| !*d, t);
             if *done {
                 let _ = reader.join();
             }
@@ -756,7 +743,7 @@ impl Drop for DeviceLink {
 }
 
 /// Read one handshake frame, failing at `deadline`.
-fn read_before(socket: &UnixStream, deadline: Instant) -> Result<Frame, String> {
+fn read_before(socket: &UnixStream, deadline: Instant) -> Result<HostFrame, String> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err("handshake timed out".into());
@@ -764,7 +751,7 @@ fn read_before(socket: &UnixStream, deadline: Instant) -> Result<Frame, String> 
     socket
         .set_read_timeout(Some(left))
         .map_err(|e| format!("socket: {e}"))?;
-    match Frame::read_from(&mut &*socket) {
+    match HostFrame::read_from(&mut &*socket) {
         Ok(Some(f)) => Ok(f),
         Ok(None) => Err("the peer closed the socket during the handshake".into()),
         Err(e) => Err(format!("handshake: {e}")),

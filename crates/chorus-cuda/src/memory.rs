@@ -6,7 +6,7 @@ use std::sync::Arc;
 use chorus_engine::device::DeviceError;
 use cudarc::driver::result;
 
-use crate::device::DeviceInner;
+use crate::allocator::StreamAllocator;
 use crate::error::CudaError;
 
 /// A region of device memory on one GPU: an address and a length. This is the engine's
@@ -60,7 +60,7 @@ impl GpuMem {
 /// dropped (after everything queued on it before).
 pub struct GpuBuffer {
     mem: GpuMem,
-    device: Arc<DeviceInner>,
+    alloc: Arc<StreamAllocator>,
 }
 
 impl std::fmt::Debug for GpuBuffer {
@@ -71,15 +71,18 @@ impl std::fmt::Debug for GpuBuffer {
 
 impl GpuBuffer {
     /// `bytes` zeroed bytes, allocated and cleared in order on the device's main stream.
-    pub(crate) fn zeroed(device: &Arc<DeviceInner>, bytes: usize) -> Result<GpuBuffer, CudaError> {
-        let ptr = device.alloc_async(bytes)?;
+    pub(crate) fn zeroed(
+        alloc: &Arc<StreamAllocator>,
+        bytes: usize,
+    ) -> Result<GpuBuffer, CudaError> {
+        let ptr = alloc.alloc(bytes)?;
         let buf = GpuBuffer {
             mem: GpuMem { ptr, len: bytes },
-            device: device.clone(),
+            alloc: alloc.clone(),
         };
         if bytes > 0 {
             // SAFETY: `ptr` holds `bytes` bytes allocated on this stream just above.
-            unsafe { result::memset_d8_async(ptr, 0, bytes, device.stream.cu_stream()) }
+            unsafe { result::memset_d8_async(ptr, 0, bytes, alloc.stream().cu_stream()) }
                 .map_err(|e| CudaError::driver("cuMemsetD8Async", e))?;
         }
         Ok(buf)
@@ -101,7 +104,7 @@ impl DerefMut for GpuBuffer {
 
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
-        self.device.free_async(self.mem.ptr, None);
+        self.alloc.free(self.mem.ptr, None);
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaEvent;
 
-use crate::device::DeviceInner;
+use crate::allocator::StreamAllocator;
 use crate::health::LinkHealth;
 
 /// A copy of some device memory, in a stream-ordered allocation, with the event after which
@@ -14,7 +14,8 @@ pub struct GpuPayload {
     pub(crate) ptr: u64,
     pub(crate) len: usize,
     pub(crate) ready: Option<CudaEvent>,
-    pub(crate) device: Arc<DeviceInner>,
+    /// Frees the allocation, in order behind `ready`.
+    pub(crate) alloc: Arc<StreamAllocator>,
     /// For a payload received through a device link: that link, and the generation of the
     /// last message it was made of (an abort may have retired the waits for its bytes).
     pub(crate) origin: Option<Origin>,
@@ -53,7 +54,7 @@ impl GpuPayload {
 impl Drop for GpuPayload {
     fn drop(&mut self) {
         if self.ptr != 0 {
-            self.device.free_async(self.ptr, self.ready.as_ref());
+            self.alloc.free(self.ptr, self.ready.as_ref());
         }
     }
 }

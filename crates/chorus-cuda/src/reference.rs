@@ -1,7 +1,9 @@
 //! The arithmetic the kernels implement, on the host: the oracle for tests (the GPU's and
 //! the CPU-compiled kernels' results must match it bit for bit) and for the device check.
 //! It is the engine's host device's arithmetic (`chorus_engine::HostDevice`), written again
-//! from the definitions so the two can be checked against each other.
+//! from the definitions so the two can be checked against each other. Only the rule for
+//! which factors scale an integer exactly is the engine's own (`chorus_engine::int_multiplier`):
+//! it is a definition, not arithmetic to check.
 //!
 //! Narrow floats compute in f32 and round once to their own type (E4M3 saturates at ±448,
 //! E5M2 overflows to ±infinity); integer sums and products
@@ -10,15 +12,9 @@
 //! like Rust's `as`. Dividing (the last step of an average) truncates integers toward zero
 //! and divides floats in their compute precision.
 
+use chorus_engine::int_multiplier;
 use chorus_protocol::{DType, ReduceOp};
 use half::{bf16, f16};
-
-/// The multiplier of an exact integer scale: `Some(factor as i64)` when `factor` is
-/// integral and below 2^63 in magnitude (the engine's rule for `PreMulSum` on integers).
-pub fn int_multiplier(factor: f64) -> Option<i64> {
-    // 2^63 bounds the integral factors that convert to i64 exactly.
-    (factor.fract() == 0.0 && factor.abs() < 9_223_372_036_854_775_808.0).then_some(factor as i64)
-}
 
 /// `dst[i] = op(dst[i], src[i])` over whole elements of `dtype`. `op` must have a kernel
 /// (`Sum`, `Prod`, `Min`, `Max`); others leave `dst` unchanged and return false.

@@ -11,9 +11,10 @@
 
 use std::collections::HashMap;
 use std::ffi::c_char;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use cudarc::driver::{CudaStream, result, sys};
+use parking_lot::Mutex;
 
 use crate::error::CudaError;
 use crate::gpu::Gpu;
@@ -68,21 +69,14 @@ impl Region {
         unsafe { result::memset_d8_async(ptr, 0, bytes, stream.cu_stream()) }
             .map_err(|e| CudaError::driver("cuMemsetD8Async", e))?;
         if !ipc {
-            registry()
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(ptr, Arc::downgrade(&region));
+            registry().lock().insert(ptr, Arc::downgrade(&region));
         }
         Ok(region)
     }
 
     /// The region of a link end in this process, by its token (its address).
     pub(crate) fn lookup(token: u64) -> Option<Arc<Region>> {
-        registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&token)
-            .and_then(Weak::upgrade)
+        registry().lock().get(&token).and_then(Weak::upgrade)
     }
 
     /// The CUDA IPC handle of an exportable region.
@@ -102,10 +96,7 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         if !self.ipc {
-            registry()
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&self.ptr);
+            registry().lock().remove(&self.ptr);
         }
         if self.gpu.bind().is_err() {
             return;

@@ -5,13 +5,14 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
-use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::Duration;
 
 use chorus_engine::link::{CancelReason, Link};
 use chorus_engine::{AbortReason, Context, Engine, EngineConfig};
 use chorus_protocol::{CloseCode, Rank};
+use parking_lot::{Condvar, Mutex};
 
 use crate::device::CudaDevice;
 use crate::error::CudaError;
@@ -48,7 +49,7 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
     struct Signal(Mutex<bool>, Condvar);
     impl Wake for Signal {
         fn wake(self: Arc<Self>) {
-            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            *self.0.lock() = true;
             self.1.notify_one();
         }
     }
@@ -60,9 +61,9 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
         if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
             return v;
         }
-        let mut woken = signal.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut woken = signal.0.lock();
         while !*woken {
-            woken = signal.1.wait(woken).unwrap_or_else(|p| p.into_inner());
+            signal.1.wait(&mut woken);
         }
         *woken = false;
     }

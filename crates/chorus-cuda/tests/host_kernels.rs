@@ -317,7 +317,7 @@ fn every_scale_matches_the_reference() {
             let (i, o) = (scratch(&format!("{name}.i")), scratch(&format!("{name}.o")));
             std::fs::write(&i, &mem).unwrap();
             // As the device launches it (kernels.rs).
-            let (multiplier, exact) = match reference::int_multiplier(factor) {
+            let (multiplier, exact) = match chorus_engine::int_multiplier(factor) {
                 Some(m) => (m as u64, 1),
                 None => (0, 0),
             };

@@ -15,11 +15,12 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use chorus_protocol::message::{Evidence, ExitStatus};
 use chorus_protocol::{CloseCode, Collective, OpSeq, Rank};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::idmap::IdMap;
 
@@ -164,9 +165,7 @@ struct NodeState {
 
 impl Node {
     fn lock(&self) -> MutexGuard<'_, NodeState> {
-        // A panic while holding this lock cannot leave the maps inconsistent (every critical
-        // section is a single insert, remove or take), so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 }
 

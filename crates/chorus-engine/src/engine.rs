@@ -18,11 +18,12 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use chorus_protocol::message::OpState;
 use chorus_protocol::{Collective, DType, OpSeq, Rank};
+use parking_lot::Mutex;
 use tracing::Instrument;
 
 use crate::collective;
@@ -207,12 +208,14 @@ where
 
     /// The first failure, once the engine is poisoned.
     pub fn poisoned(&self) -> Option<Arc<OpError>> {
-        lock(&self.poison).clone()
+        self.poison.lock().clone()
     }
 
     /// The operations running now, oldest first.
     pub fn running(&self) -> Vec<Arc<OpProgress>> {
-        let mut ops: Vec<(u64, Arc<OpProgress>)> = lock(&self.running)
+        let mut ops: Vec<(u64, Arc<OpProgress>)> = self
+            .running
+            .lock()
             .iter()
             .map(|(id, p)| (*id, p.clone()))
             .collect();
@@ -499,7 +502,7 @@ where
         };
         let seq = match p2p {
             Some((is_send, peer)) => {
-                let mut seqs = lock(&self.p2p_seq);
+                let mut seqs = self.p2p_seq.lock();
                 let next = seqs.entry((is_send, peer.0)).or_insert(0);
                 let s = *next;
                 *next += 1;
@@ -531,7 +534,7 @@ where
             op_ctx,
         ));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.running).insert(id, progress.clone());
+        self.running.lock().insert(id, progress.clone());
         let armed = Armed {
             engine: self,
             p: Prepared { id, progress },
@@ -575,7 +578,7 @@ where
     }
 
     fn complete(&self, p: &Prepared, result: Result<(), OpError>) -> Result<(), OpError> {
-        lock(&self.running).remove(&p.id);
+        self.running.lock().remove(&p.id);
         match &result {
             Ok(()) => p.progress.set_state(OpState::Done),
             Err(e) => {
@@ -586,7 +589,7 @@ where
                     OpState::Failed
                 });
                 let first = {
-                    let mut poison = lock(&self.poison);
+                    let mut poison = self.poison.lock();
                     if poison.is_none() {
                         *poison = Some(Arc::new(e.clone()));
                         true
@@ -611,10 +614,4 @@ where
         }
         result
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The guarded maps are left consistent by every critical section (single inserts and
-    // removes), so a lock poisoned by a panicking thread is still safe to use.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -1,5 +1,5 @@
 //! Host arithmetic on byte slices: the reductions, scaling and division behind
-//! [`crate::host::HostDevice`].
+//! [`crate::host_device::HostDevice`].
 //!
 //! Two paths compute the same bits:
 //!
@@ -402,13 +402,21 @@ scale_int_impl!(i8, u8, i32, u32, i64, u64);
 
 #[inline(always)]
 fn scale_int<T: ScaleInt>(mem: &mut [u8], factor: f64) {
-    // 2^63 bounds the integral factors that convert to i64 exactly.
-    if factor.fract() == 0.0 && factor.abs() < 9_223_372_036_854_775_808.0 {
-        let f = T::from_i64_wrapping(factor as i64);
+    if let Some(m) = int_multiplier(factor) {
+        let f = T::from_i64_wrapping(m);
         map_native::<T>(mem, |x| T::prod(x, f));
     } else {
         map_native::<T>(mem, |x| T::from_f64_saturating(x.to_f64() * factor));
     }
+}
+
+/// The multiplier of an exact integer scale: `Some(factor as i64)` when `factor` is
+/// integral and below 2^63 in magnitude. Scaling an integer by such a factor multiplies
+/// exactly (wrapping); by any other it goes through `f64` (the rule for `PreMulSum` on
+/// integers, which the GPU kernels follow too).
+pub fn int_multiplier(factor: f64) -> Option<i64> {
+    // 2^63 bounds the integral factors that convert to i64 exactly.
+    (factor.fract() == 0.0 && factor.abs() < 9_223_372_036_854_775_808.0).then_some(factor as i64)
 }
 
 // ---------------------------------------------------------------------------------------------

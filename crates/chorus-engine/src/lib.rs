@@ -3,7 +3,7 @@
 //! Floor 2 of the house (`docs/ARCHITECTURE.md`). Algorithms (ring, recursive halving/doubling,
 //! trees), chunk pipelining, operation contexts and the abort tree; it owns the two ports through
 //! which it touches the world: [`link::Link`] (one peer) and [`device::Device`] (memory and
-//! reductions), with a host device ([`host::HostDevice`]) and an in-process link
+//! reductions), with a host device ([`host_device::HostDevice`]) and an in-process link
 //! ([`local::LocalLink`]) for its own tests and benchmarks.
 //!
 //! It must never depend on tokio, quinn, io-uring, cudarc, sockets or `chorus-control`: its
@@ -31,7 +31,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod fp8;
-pub mod host;
+pub mod host_device;
 mod idmap;
 mod kernel;
 pub mod link;
@@ -49,7 +49,8 @@ pub use context::{AbortReason, Aborted, Context};
 pub use device::{Device, DeviceError};
 pub use engine::{Engine, P2P_SEQ_BIT};
 pub use error::{EngineError, OpError, OpErrorKind};
-pub use host::{HostBuffer, HostDevice};
+pub use host_device::{HostBuffer, HostDevice};
+pub use kernel::int_multiplier;
 pub use link::{CancelReason, Link, LinkError, LinkFuture, Tag};
 pub use local::{HeldLimit, LocalLink};
 pub use op::{Buffer, Op, Reduction};

@@ -19,11 +19,12 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use bytes::Bytes;
 use chorus_protocol::{CloseCode, Rank};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
 
@@ -264,8 +265,7 @@ impl<P> Channel<P> {
     }
 
     fn lock(&self) -> MutexGuard<'_, ChannelState<P>> {
-        // Every critical section leaves the maps consistent, so a poisoned lock is usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     fn deliver(&self, tag: Tag, payload: P) -> Result<(), LinkError> {

@@ -1,4 +1,4 @@
-//! Recycled host buffers for the payloads [`crate::host::HostDevice`] packs.
+//! Recycled host buffers for the payloads [`crate::host_device::HostDevice`] packs.
 //!
 //! Every chunk an operation sends is copied into a payload the link owns until the bytes
 //! are on the wire. Allocating a fresh chunk-sized buffer each time sends the allocator to
@@ -12,9 +12,8 @@
 //! go back to the allocator; classes below [`MIN_CLASS`] are not pooled at all (the
 //! allocator's own caches serve them well).
 
-use std::sync::Mutex;
-
 use bytes::Bytes;
+use parking_lot::Mutex;
 
 /// Smallest pooled buffer, as a power of two (16 KiB).
 const MIN_CLASS: u32 = 14;
@@ -51,22 +50,16 @@ fn size_of_class(class: usize) -> usize {
 }
 
 fn take(class: usize) -> Option<Vec<u8>> {
-    lock(class).pop()
+    POOL[class].lock().pop()
 }
 
 fn give(class: usize, mut buf: Vec<u8>) {
     buf.clear();
     let size = size_of_class(class);
-    let mut free = lock(class);
+    let mut free = POOL[class].lock();
     if free.len() < (KEEP_BYTES / size).max(2) {
         free.push(buf);
     }
-}
-
-fn lock(class: usize) -> std::sync::MutexGuard<'static, Vec<Vec<u8>>> {
-    // A class's list is a plain stack of buffers: a panic while holding the lock cannot
-    // leave it inconsistent, so a poisoned lock is still usable.
-    POOL[class].lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A pooled buffer behind a `Bytes`; it returns to its class when the last `Bytes` goes.
@@ -122,6 +115,6 @@ mod tests {
         let class = class_of(64 << 20).unwrap();
         let many: Vec<Bytes> = (0..4).map(|_| copy(&vec![0u8; 64 << 20])).collect();
         drop(many);
-        assert!(lock(class).len() <= 2);
+        assert!(POOL[class].lock().len() <= 2);
     }
 }

@@ -23,7 +23,7 @@ pub mod identity;
 mod inbound;
 mod matcher;
 mod outbound;
-mod progress;
+mod progress_thread;
 pub mod quic;
 pub mod tcp;
 

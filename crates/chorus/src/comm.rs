@@ -557,10 +557,7 @@ impl Comm {
         let departed = |l: &DataLink| {
             matches!(
                 l.failure(),
-                Some(LinkError::PeerDeparted {
-                    code: CloseCode::NORMAL | CloseCode::LEFT,
-                    ..
-                })
+                Some(LinkError::PeerDeparted { code, .. }) if code.is_graceful()
             )
         };
         let links = &self.inner.epoch.hooks.links;

@@ -337,7 +337,7 @@ fn kind_of_cancel(code: CloseCode) -> ErrorKind {
         CloseCode::DEADLINE => ErrorKind::Timeout,
         CloseCode::REVOKED => ErrorKind::Revoked,
         CloseCode::EVICTED => ErrorKind::Evicted,
-        CloseCode::NORMAL | CloseCode::LEFT => ErrorKind::Destroyed,
+        c if c.is_graceful() => ErrorKind::Destroyed,
         _ => ErrorKind::Aborted,
     }
 }

@@ -105,20 +105,20 @@ pub(crate) fn run(args: BenchArgs) -> Verdict {
         token_file: args.launch.token_file.clone(),
         verbose: false,
     };
-    let mut driver = Driver::new(&args, sizes.len());
-    driver.out.table(&driver.banner(&args, &sizes));
+    let mut sweep = Sweep::new(&args, sizes.len());
+    sweep.out.table(&sweep.banner(&args, &sizes));
     let launcher = match Launcher::start(spec) {
         Ok(l) => l,
         Err(e) => return crate::fail(LABEL, &e.to_string(), Verdict::LauncherError),
     };
-    let report = launcher.run(|l, event| driver.on_event(l, event));
-    driver.out.pb.finish_and_clear();
-    driver.flush_incidents();
+    let report = launcher.run(|l, event| sweep.on_event(l, event));
+    sweep.out.pb.finish_and_clear();
+    sweep.flush_incidents();
     let injected: BTreeSet<u32> = args.sweep.inject.iter().map(|j| j.rank).collect();
     let mut verdict = report.verdict(|rank| injected.contains(&rank));
-    let wrong = Doc::wrong(&driver.rows);
-    let complete = driver.rows.len() == sizes.len();
-    if verdict == Verdict::Ok && (wrong > 0 || !complete || !driver.fatal.is_empty()) {
+    let wrong = Doc::wrong(&sweep.rows);
+    let complete = sweep.rows.len() == sizes.len();
+    if verdict == Verdict::Ok && (wrong > 0 || !complete || !sweep.fatal.is_empty()) {
         verdict = Verdict::RankFailed;
     }
     if !complete && verdict != Verdict::Ok {
@@ -126,12 +126,12 @@ pub(crate) fn run(args: BenchArgs) -> Verdict {
             LABEL,
             &format!(
                 "the sweep stopped after {} of {} sizes",
-                driver.rows.len(),
+                sweep.rows.len(),
                 sizes.len()
             ),
         );
     }
-    let avg = Doc::average_busbw(&driver.rows);
+    let avg = Doc::average_busbw(&sweep.rows);
     if args.json {
         let doc = Doc {
             chorus_bench: report::SCHEMA,
@@ -139,24 +139,20 @@ pub(crate) fn run(args: BenchArgs) -> Verdict {
             ranks: args.ranks,
             transport: args.transport.name().into(),
             dtype: args.sweep.dtype.name().into(),
-            op: driver.redop.clone(),
+            op: sweep.redop.clone(),
             warmup: args.sweep.warmup,
             iters: args.sweep.iters,
             library: format!("chorus {}", env!("CARGO_PKG_VERSION")),
-            rows: driver.rows.clone(),
+            rows: sweep.rows.clone(),
             avg_busbw_gbs: avg,
-            incidents: driver
-                .incidents
-                .iter()
-                .map(|o| o.incident.clone())
-                .collect(),
+            incidents: sweep.incidents.iter().map(|o| o.incident.clone()).collect(),
         };
         match serde_json::to_string_pretty(&doc) {
-            Ok(text) => driver.out.stdout(&text),
+            Ok(text) => sweep.out.stdout(&text),
             Err(e) => note(LABEL, &format!("cannot write the JSON document: {e}")),
         }
     } else {
-        driver.out.table(&table::footer(wrong, avg));
+        sweep.out.table(&table::footer(wrong, avg));
     }
     verdict
 }
@@ -196,7 +192,7 @@ impl Out {
 }
 
 /// The state of one sweep as the launcher sees it.
-struct Driver {
+struct Sweep {
     out: Out,
     coll: Coll,
     dtype: String,
@@ -220,8 +216,8 @@ struct Open {
     shrink_shown: bool,
 }
 
-impl Driver {
-    fn new(args: &BenchArgs, total: usize) -> Driver {
+impl Sweep {
+    fn new(args: &BenchArgs, total: usize) -> Sweep {
         let pb = if std::io::stderr().is_terminal() {
             ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr())
         } else {
@@ -235,7 +231,7 @@ impl Driver {
         pb.set_prefix(format!("{} on {} ranks", args.collective, args.ranks));
         pb.set_message("starting ranks");
         let stdout_tty = std::io::stdout().is_terminal();
-        Driver {
+        Sweep {
             out: Out {
                 json: args.json,
                 stdout_tty,

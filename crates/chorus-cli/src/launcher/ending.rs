@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::signal::signal_name;
+
 /// How a rank's process ended.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum How {
@@ -89,31 +91,6 @@ impl fmt::Display for RankEnd {
         }
         Ok(())
     }
-}
-
-/// `SIGKILL`, `SIGTERM`, ... or `signal N`.
-pub(crate) fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        10 => "SIGUSR1",
-        11 => "SIGSEGV",
-        12 => "SIGUSR2",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        17 => "SIGCHLD",
-        18 => "SIGCONT",
-        19 => "SIGSTOP",
-        _ => return format!("signal {signal}"),
-    };
-    name.to_owned()
 }
 
 #[cfg(test)]

@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 use chorus::{Rank, RootHost};
 use rustix::process::Signal;
 
-pub(crate) use ending::{Cause, How, RankEnd, signal_name};
+pub(crate) use ending::{Cause, How, RankEnd};
 
 use crate::exit::Verdict;
+use crate::signal::signal_name;
 
 /// How often the loop looks at its children when nothing else wakes it.
 const TICK: Duration = Duration::from_millis(10);

@@ -12,7 +12,7 @@ use super::record::Record;
 use super::rng::Rng;
 use super::scenario::{FaultKind, Scenario};
 use crate::event::Event;
-use crate::input::{Command, Frame, Input, Witness};
+use crate::input::{Command, Input, Received, Witness};
 use crate::node::Node;
 use crate::plan::Plan;
 use crate::time::Instant;
@@ -29,7 +29,7 @@ pub(crate) const COMM: CommId = CommId(0xc0);
 enum Ev {
     Frame {
         to: u32,
-        frame: Frame,
+        frame: Received,
     },
     /// A connection event; `epoch` is the closing stream's epoch (`None`: the receiver's).
     Conn {
@@ -491,7 +491,7 @@ impl Cluster {
             self.record.lost += 1;
             return;
         };
-        let frame = Frame {
+        let frame = Received {
             from,
             comm: t.comm,
             epoch: t.epoch,

@@ -41,7 +41,7 @@ use crate::handshake::{self, Greeted};
 use crate::identity::{Fingerprint, Identity, SERVER_NAME};
 use crate::matcher::Matcher;
 use crate::outbound::Outbound;
-use crate::progress::Progress;
+use crate::progress_thread::ProgressThread;
 
 /// ALPN of chorus over QUIC.
 const ALPN: &[u8] = b"chorus/1";
@@ -66,7 +66,7 @@ struct Inner {
     secret: JobSecret,
     provider: Arc<rustls::crypto::CryptoProvider>,
     incoming: AsyncMutex<mpsc::Receiver<QuicConnection>>,
-    progress: Progress,
+    progress: ProgressThread,
 }
 
 impl QuicEndpoint {
@@ -92,7 +92,7 @@ impl QuicEndpoint {
         let server_crypto = QuicServerConfig::try_from(server_crypto).map_err(tls)?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
         server.transport_config(Arc::new(transport_config(&liveness)?));
-        let progress = Progress::start("chorus-quic")?;
+        let progress = ProgressThread::start("chorus-quic")?;
         let endpoint = {
             let _guard = progress.handle().enter();
             Endpoint::server(server, addr).map_err(TransportError::io("quic bind"))?

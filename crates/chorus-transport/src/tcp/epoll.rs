@@ -1,6 +1,6 @@
 //! The epoll backend: a reader task and a writer task per connection on the progress
 //! thread's tokio runtime. Same semantics as the io_uring backend; the shared test suite
-//! runs against both.
+//! runs against both, and both carry out the close sequence that `teardown.rs` decides.
 //!
 //! The socket is registered with tokio's epoll for output only, so arriving data never
 //! wakes the progress thread by itself. A `recv` reads the socket on its own thread before
@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::reader::{Pumped, Reader};
 use super::socket;
+use super::teardown::{Action, Event, Teardown};
 use crate::inbound;
 use crate::matcher::Matcher;
 use crate::outbound::{self, Next, OutFrame, Outbound};
@@ -224,9 +225,9 @@ async fn write_loop(
     depart_timeout: Duration,
 ) {
     let matcher = reader.matcher().clone();
-    // Whether the stream is on a frame boundary, where a departure may start.
-    let mut on_boundary = true;
-    loop {
+    // Begun when the writer first sees the close requested.
+    let mut teardown: Option<Teardown<Instant>> = None;
+    let event = loop {
         let next = outbound.lock().next();
         let mut frame = match next {
             Next::Frame(frame) => frame,
@@ -234,24 +235,28 @@ async fn write_loop(
                 wake.notified().await;
                 continue;
             }
-            Next::Close => break,
+            Next::Close => break None,
         };
-        let result = write_frame(&stream, &mut frame, &outbound, &wake, depart_timeout).await;
+        let result = write_frame(
+            &stream,
+            &mut frame,
+            &outbound,
+            &wake,
+            &mut teardown,
+            depart_timeout,
+        )
+        .await;
         frame.release(&matcher);
         match result {
             Ok(()) => {}
-            Err(Stop::Budget) => {
-                on_boundary = false;
-                break;
-            }
+            Err(Stop::Budget) => break Some(Event::Tick),
             Err(Stop::Io(e)) => {
                 reader.write_failed(format!("write: {e}"));
                 close(&outbound, &matcher, &wake, None);
-                on_boundary = false;
-                break;
+                break Some(Event::WriteFailed);
             }
         }
-    }
+    };
     // Frames queued behind a torn one are dropped with the link (credit returned).
     loop {
         let Some(frame) = outbound.lock().pop() else {
@@ -259,10 +264,15 @@ async fn write_loop(
         };
         frame.release(&matcher);
     }
+    let teardown = teardown.get_or_insert_with(|| Teardown::new(Instant::now(), depart_timeout));
     let depart = outbound.lock().departure();
-    if on_boundary && let Some(mut depart) = depart {
-        let deadline = Instant::now() + depart_timeout;
-        let _ = tokio::time::timeout_at(deadline, async {
+    let event = event.unwrap_or(Event::Boundary {
+        departure: depart.is_some(),
+    });
+    if teardown.handle(Instant::now(), event) == Action::Depart
+        && let (Some(mut depart), Some(deadline)) = (depart, teardown.deadline())
+    {
+        let written = tokio::time::timeout_at(deadline, async {
             while !depart.is_done() {
                 let n = write_some(&stream, &depart).await?;
                 depart.off += n;
@@ -270,6 +280,12 @@ async fn write_loop(
             Ok::<_, io::Error>(())
         })
         .await;
+        let event = match written {
+            Ok(Ok(())) => Event::Departed,
+            Ok(Err(_)) => Event::WriteFailed,
+            Err(_) => Event::Tick,
+        };
+        teardown.handle(Instant::now(), event);
     }
     // Principle 1: shutdown before close, so a forked duplicate cannot hide the close.
     socket::shutdown_of(stream.get_ref());
@@ -278,26 +294,26 @@ async fn write_loop(
 }
 
 enum Stop {
-    /// A close was requested and the frame did not finish within the departure budget.
+    /// A close was requested and the frame did not finish by the teardown's deadline.
     Budget,
     Io(io::Error),
 }
 
-/// Writes the rest of `frame`. Once a close is requested, the frame gets the departure
-/// budget to finish (so the departure can start on a boundary) and no more.
+/// Writes the rest of `frame`. Once a close is requested, the teardown begins and the frame
+/// gets until its deadline to finish (so the departure can start on a boundary) and no more.
 async fn write_frame(
     stream: &AsyncFd<Arc<OwnedFd>>,
     frame: &mut OutFrame,
     outbound: &Mutex<Outbound>,
     wake: &Notify,
+    teardown: &mut Option<Teardown<Instant>>,
     depart_timeout: Duration,
 ) -> Result<(), Stop> {
-    let mut deadline: Option<Instant> = None;
     while !frame.is_done() {
-        if deadline.is_none() && outbound.lock().is_closing() {
-            deadline = Some(Instant::now() + depart_timeout);
+        if teardown.is_none() && outbound.lock().is_closing() {
+            *teardown = Some(Teardown::new(Instant::now(), depart_timeout));
         }
-        let n = match deadline {
+        let n = match teardown.as_ref().and_then(Teardown::deadline) {
             Some(d) => match tokio::time::timeout_at(d, write_some(stream, frame)).await {
                 Ok(r) => r.map_err(Stop::Io)?,
                 Err(_) => return Err(Stop::Budget),

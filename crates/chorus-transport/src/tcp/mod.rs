@@ -6,6 +6,7 @@ mod link;
 mod reader;
 pub(crate) mod socket;
 mod spin;
+mod teardown;
 mod uring;
 
 use std::net::SocketAddr;
@@ -32,7 +33,7 @@ use crate::fresh;
 use crate::handshake::{self, Greeted};
 use crate::matcher::Matcher;
 use crate::outbound::Outbound;
-use crate::progress::Progress;
+use crate::progress_thread::ProgressThread;
 use reader::Reader;
 
 /// The backend a transport actually runs (what `Backend::Auto` resolved to).
@@ -58,7 +59,7 @@ struct Inner {
     secret: JobSecret,
     // Field order is drop order: links' rings stop before the runtime that set them up.
     ring: Option<uring::Ring>,
-    progress: Progress,
+    progress: ProgressThread,
 }
 
 impl TcpTransport {
@@ -79,7 +80,7 @@ impl TcpTransport {
                 }
             },
         };
-        let progress = Progress::start("chorus-tcp")?;
+        let progress = ProgressThread::start("chorus-tcp")?;
         Ok(Self {
             inner: Arc::new(Inner {
                 cfg,

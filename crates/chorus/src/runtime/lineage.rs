@@ -468,7 +468,7 @@ impl Driver {
     /// is revoked: every member's operations end at once, naming the departure (see
     /// `on_event`), instead of at their operation deadline.
     fn on_data_departed(&mut self, peer: Rank, epoch: Epoch, code: CloseCode) {
-        if !matches!(code, CloseCode::NORMAL | CloseCode::LEFT) {
+        if !code.is_graceful() {
             self.input(Input::ConnectionClosed { peer, epoch, code });
         } else if epoch == self.node.epoch() {
             Shared::lock(&self.shared.departed).insert((epoch, peer));
@@ -653,7 +653,7 @@ impl Driver {
                     evidence,
                 }),
                 (PeerState::Departed, Some(Evidence::Departed { code }))
-                    if any_leave || !matches!(code, CloseCode::NORMAL | CloseCode::LEFT) =>
+                    if any_leave || !code.is_graceful() =>
                 {
                     Some(AbortReason::PeerDeparted { rank: p.rank, code })
                 }
@@ -669,7 +669,7 @@ impl Driver {
         match role {
             Role::Member => {
                 let comm = self.comms.get(&epoch).copied().unwrap_or(self.node.comm());
-                self.input(Input::Frame(chorus_control::Frame {
+                self.input(Input::Frame(chorus_control::Received {
                     from: peer,
                     comm,
                     epoch,
@@ -1085,7 +1085,7 @@ impl Driver {
             Event::PeerDeparted {
                 epoch, rank, code, ..
             } => {
-                if matches!(code, CloseCode::NORMAL | CloseCode::LEFT) {
+                if code.is_graceful() {
                     // A graceful leave: operations already in flight finish or fail on the
                     // link itself (its departure arrives after its data, in order), so they
                     // are not cut short here; later operations fail on the departed link.
@@ -1123,10 +1123,8 @@ impl Driver {
                                 .filter(|l| {
                                     matches!(
                                         l.failure(),
-                                        Some(LinkError::PeerDeparted {
-                                            code: CloseCode::NORMAL | CloseCode::LEFT,
-                                            ..
-                                        })
+                                        Some(LinkError::PeerDeparted { code, .. })
+                                            if code.is_graceful()
                                     )
                                 })
                                 .map(|l| l.peer())

@@ -16,7 +16,7 @@ use crate::error::TransportError;
 const STOP_BUDGET: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
-pub(crate) struct Progress {
+pub(crate) struct ProgressThread {
     handle: Handle,
     stop: Option<oneshot::Sender<()>>,
     done: parking_lot::Mutex<mpsc::Receiver<()>>,
@@ -24,7 +24,7 @@ pub(crate) struct Progress {
     thread_id: ThreadId,
 }
 
-impl Progress {
+impl ProgressThread {
     pub(crate) fn start(name: &str) -> Result<Self, TransportError> {
         let rt = Builder::new_current_thread()
             .enable_io()
@@ -72,7 +72,7 @@ impl Progress {
     }
 }
 
-impl Drop for Progress {
+impl Drop for ProgressThread {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

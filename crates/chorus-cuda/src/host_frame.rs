@@ -4,7 +4,7 @@
 //! to agree on: who is at the other end and where its slots are (`Hello`, `Region`), that a
 //! payload was queued (`Sent`: its tag and length), and that a side is leaving (`Depart`).
 //! Fixed little-endian layouts, each frame led by its kind byte; every field is checked as
-//! it is read and a bad one is a [`FrameError`], never a panic.
+//! it is read and a bad one is a [`HostFrameError`], never a panic.
 
 use std::io::{self, Read, Write};
 
@@ -18,9 +18,9 @@ pub const VERSION: u16 = 1;
 /// Longest departure detail carried, in bytes.
 pub const MAX_DETAIL: usize = 256;
 
-/// One frame.
+/// One frame on a device link's host socket (not the wire protocol's `chorus_protocol::Frame`).
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub enum Frame {
+pub enum HostFrame {
     /// First frame each way: identity and slot geometry.
     Hello(Hello),
     /// Second frame each way: where the sender's region is.
@@ -55,7 +55,7 @@ pub struct RegionInfo {
 
 /// A frame that does not parse.
 #[derive(Debug, thiserror::Error)]
-pub enum FrameError {
+pub enum HostFrameError {
     #[error("unknown frame kind {0}")]
     Kind(u8),
     #[error("bad magic")]
@@ -75,12 +75,12 @@ const REGION: u8 = 2;
 const SENT: u8 = 3;
 const DEPART: u8 = 4;
 
-impl Frame {
+impl HostFrame {
     /// The frame's bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(96);
         match self {
-            Frame::Hello(h) => {
+            HostFrame::Hello(h) => {
                 b.push(HELLO);
                 b.extend_from_slice(&MAGIC);
                 b.extend_from_slice(&h.version.to_le_bytes());
@@ -90,13 +90,13 @@ impl Frame {
                 b.extend_from_slice(&h.slot_bytes.to_le_bytes());
                 b.extend_from_slice(&h.slots.to_le_bytes());
             }
-            Frame::Region(r) => {
+            HostFrame::Region(r) => {
                 b.push(REGION);
                 b.extend_from_slice(&r.token.to_le_bytes());
                 b.push(u8::from(r.ipc.is_some()));
                 b.extend_from_slice(&r.ipc.unwrap_or([0; 64]));
             }
-            Frame::Sent { tag, len } => {
+            HostFrame::Sent { tag, len } => {
                 b.push(SENT);
                 b.push(tag.collective.code());
                 b.extend_from_slice(&tag.op.get().to_le_bytes());
@@ -105,7 +105,7 @@ impl Frame {
                 b.push(tag.dtype.code());
                 b.extend_from_slice(&len.to_le_bytes());
             }
-            Frame::Depart { code, detail } => {
+            HostFrame::Depart { code, detail } => {
                 b.push(DEPART);
                 b.extend_from_slice(&code.0.to_le_bytes());
                 let d = truncate(detail, MAX_DETAIL);
@@ -122,7 +122,7 @@ impl Frame {
     }
 
     /// Read one frame; `Ok(None)` at a clean end of stream (before a kind byte).
-    pub fn read_from(r: &mut impl Read) -> Result<Option<Frame>, FrameError> {
+    pub fn read_from(r: &mut impl Read) -> Result<Option<HostFrame>, HostFrameError> {
         let mut kind = [0u8; 1];
         loop {
             match r.read(&mut kind) {
@@ -136,9 +136,9 @@ impl Frame {
             HELLO => {
                 let magic: [u8; 8] = array(r)?;
                 if magic != MAGIC {
-                    return Err(FrameError::Magic);
+                    return Err(HostFrameError::Magic);
                 }
-                Frame::Hello(Hello {
+                HostFrame::Hello(Hello {
                     version: u16::from_le_bytes(array(r)?),
                     pid: u32::from_le_bytes(array(r)?),
                     rank: Rank(u32::from_le_bytes(array(r)?)),
@@ -154,13 +154,13 @@ impl Frame {
                 let ipc = match flag {
                     0 => None,
                     1 => Some(handle),
-                    f => return Err(FrameError::Flag(f)),
+                    f => return Err(HostFrameError::Flag(f)),
                 };
-                Frame::Region(RegionInfo { token, ipc })
+                HostFrame::Region(RegionInfo { token, ipc })
             }
             SENT => {
                 let [c] = array(r)?;
-                let collective = Collective::from_code(c).ok_or(FrameError::Code {
+                let collective = Collective::from_code(c).ok_or(HostFrameError::Code {
                     what: "collective",
                     code: c,
                 })?;
@@ -168,12 +168,12 @@ impl Frame {
                 let step = u32::from_le_bytes(array(r)?);
                 let offset = u64::from_le_bytes(array(r)?);
                 let [d] = array(r)?;
-                let dtype = DType::from_code(d).ok_or(FrameError::Code {
+                let dtype = DType::from_code(d).ok_or(HostFrameError::Code {
                     what: "dtype",
                     code: d,
                 })?;
                 let len = u64::from_le_bytes(array(r)?);
-                Frame::Sent {
+                HostFrame::Sent {
                     tag: Tag {
                         collective,
                         op,
@@ -188,16 +188,16 @@ impl Frame {
                 let code = CloseCode(u16::from_le_bytes(array(r)?));
                 let n = u16::from_le_bytes(array(r)?) as usize;
                 if n > MAX_DETAIL {
-                    return Err(FrameError::Detail(n));
+                    return Err(HostFrameError::Detail(n));
                 }
                 let mut detail = vec![0u8; n];
                 r.read_exact(&mut detail)?;
-                Frame::Depart {
+                HostFrame::Depart {
                     code,
                     detail: String::from_utf8_lossy(&detail).into_owned(),
                 }
             }
-            k => return Err(FrameError::Kind(k)),
+            k => return Err(HostFrameError::Kind(k)),
         };
         Ok(Some(frame))
     }
@@ -235,15 +235,17 @@ mod tests {
         }
     }
 
-    fn roundtrip(f: Frame) {
+    fn roundtrip(f: HostFrame) {
         let bytes = f.encode();
-        let back = Frame::read_from(&mut bytes.as_slice()).unwrap().unwrap();
+        let back = HostFrame::read_from(&mut bytes.as_slice())
+            .unwrap()
+            .unwrap();
         assert_eq!(back, f);
     }
 
     #[test]
     fn every_frame_roundtrips() {
-        roundtrip(Frame::Hello(Hello {
+        roundtrip(HostFrame::Hello(Hello {
             version: VERSION,
             pid: 1234,
             rank: Rank(3),
@@ -251,19 +253,19 @@ mod tests {
             slot_bytes: 1 << 23,
             slots: 4,
         }));
-        roundtrip(Frame::Region(RegionInfo {
+        roundtrip(HostFrame::Region(RegionInfo {
             token: 0xdead_beef,
             ipc: None,
         }));
-        roundtrip(Frame::Region(RegionInfo {
+        roundtrip(HostFrame::Region(RegionInfo {
             token: 1,
             ipc: Some([5; 64]),
         }));
-        roundtrip(Frame::Sent {
+        roundtrip(HostFrame::Sent {
             tag: tag(),
             len: 1 << 30,
         });
-        roundtrip(Frame::Depart {
+        roundtrip(HostFrame::Depart {
             code: CloseCode::ABORTED,
             detail: "bye".into(),
         });
@@ -271,47 +273,47 @@ mod tests {
 
     #[test]
     fn end_of_stream_before_a_frame_is_clean_and_inside_one_is_an_error() {
-        assert!(Frame::read_from(&mut [].as_slice()).unwrap().is_none());
-        let bytes = Frame::Sent { tag: tag(), len: 5 }.encode();
-        let err = Frame::read_from(&mut &bytes[..10]).unwrap_err();
-        assert!(matches!(err, FrameError::Io(_)), "{err}");
+        assert!(HostFrame::read_from(&mut [].as_slice()).unwrap().is_none());
+        let bytes = HostFrame::Sent { tag: tag(), len: 5 }.encode();
+        let err = HostFrame::read_from(&mut &bytes[..10]).unwrap_err();
+        assert!(matches!(err, HostFrameError::Io(_)), "{err}");
     }
 
     #[test]
     fn bad_fields_are_named() {
         assert!(matches!(
-            Frame::read_from(&mut [99u8].as_slice()),
-            Err(FrameError::Kind(99))
+            HostFrame::read_from(&mut [99u8].as_slice()),
+            Err(HostFrameError::Kind(99))
         ));
-        let mut bytes = Frame::Sent { tag: tag(), len: 5 }.encode();
+        let mut bytes = HostFrame::Sent { tag: tag(), len: 5 }.encode();
         bytes[1] = 200;
         assert!(matches!(
-            Frame::read_from(&mut bytes.as_slice()),
-            Err(FrameError::Code {
+            HostFrame::read_from(&mut bytes.as_slice()),
+            Err(HostFrameError::Code {
                 what: "collective",
                 code: 200
             })
         ));
-        let mut bytes = Frame::Sent { tag: tag(), len: 5 }.encode();
+        let mut bytes = HostFrame::Sent { tag: tag(), len: 5 }.encode();
         bytes[22] = 77;
         assert!(matches!(
-            Frame::read_from(&mut bytes.as_slice()),
-            Err(FrameError::Code {
+            HostFrame::read_from(&mut bytes.as_slice()),
+            Err(HostFrameError::Code {
                 what: "dtype",
                 code: 77
             })
         ));
-        let mut bytes = Frame::Region(RegionInfo {
+        let mut bytes = HostFrame::Region(RegionInfo {
             token: 1,
             ipc: None,
         })
         .encode();
         bytes[9] = 2;
         assert!(matches!(
-            Frame::read_from(&mut bytes.as_slice()),
-            Err(FrameError::Flag(2))
+            HostFrame::read_from(&mut bytes.as_slice()),
+            Err(HostFrameError::Flag(2))
         ));
-        let mut bytes = Frame::Hello(Hello {
+        let mut bytes = HostFrame::Hello(Hello {
             version: 1,
             pid: 1,
             rank: Rank(0),
@@ -322,20 +324,21 @@ mod tests {
         .encode();
         bytes[1] = b'X';
         assert!(matches!(
-            Frame::read_from(&mut bytes.as_slice()),
-            Err(FrameError::Magic)
+            HostFrame::read_from(&mut bytes.as_slice()),
+            Err(HostFrameError::Magic)
         ));
     }
 
     #[test]
     fn departure_details_are_bounded_both_ways() {
         let long = "é".repeat(300);
-        let bytes = Frame::Depart {
+        let bytes = HostFrame::Depart {
             code: CloseCode::LEFT,
             detail: long,
         }
         .encode();
-        let Some(Frame::Depart { detail, .. }) = Frame::read_from(&mut bytes.as_slice()).unwrap()
+        let Some(HostFrame::Depart { detail, .. }) =
+            HostFrame::read_from(&mut bytes.as_slice()).unwrap()
         else {
             panic!("not a departure");
         };
@@ -343,8 +346,8 @@ mod tests {
         let mut forged = vec![DEPART, 0, 0];
         forged.extend_from_slice(&1000u16.to_le_bytes());
         assert!(matches!(
-            Frame::read_from(&mut forged.as_slice()),
-            Err(FrameError::Detail(1000))
+            HostFrame::read_from(&mut forged.as_slice()),
+            Err(HostFrameError::Detail(1000))
         ));
     }
 }
