@@ -14,14 +14,12 @@ mod comm;
 pub mod config;
 mod element;
 pub mod error;
-pub mod host;
 pub mod launch;
-pub mod recorder;
+mod recorder;
 mod runtime;
-pub mod signal;
+mod signal;
 pub mod status;
 pub mod unique_id;
-pub mod watch;
 
 pub use chorus_engine::{Buffer, Op, Reduction};
 pub use chorus_protocol::JobSecret;

@@ -206,7 +206,7 @@ impl Comm {
         }
         // Only the lineage's newest communicator speaks for this member: destroying an
         // older one (after a shrink or grow) must not take the member out of the new one.
-        let newest = self.inner.lineage.shared().newest_epoch() <= self.inner.epoch.epoch;
+        let newest = self.inner.lineage.published().newest_epoch() <= self.inner.epoch.epoch;
         if newest {
             let (reply, rx) = oneshot::channel();
             let requested = self.inner.lineage.request(Request::Depart {

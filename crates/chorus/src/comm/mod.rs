@@ -27,7 +27,8 @@ use crate::element::{Element, bytes, bytes_mut};
 use crate::error::{Error, ErrorKind, Result, from_abort, from_op};
 use crate::runtime::Session;
 use crate::runtime::bootstrap::{self, Founded};
-use crate::runtime::epoch::{EpochState, LineageHandle};
+use crate::runtime::epoch::EpochState;
+use crate::runtime::lineage::LineageHandle;
 use crate::runtime::mailbox::{DataLink, LineageMsg};
 use crate::runtime::root::RootHost;
 use crate::unique_id::UniqueId;
@@ -165,7 +166,7 @@ impl Comm {
 
     /// The first failure recorded on this communicator (`ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Option<Error> {
-        self.inner.lineage.shared().async_error()
+        self.inner.lineage.published().async_error()
     }
 
     /// The per-peer ledger and the first failure.
@@ -175,7 +176,7 @@ impl Comm {
             rank: e.rank,
             epoch: e.epoch,
             world: e.world,
-            peers: self.inner.lineage.shared().health(),
+            peers: self.inner.lineage.published().health(),
             async_error: self.async_error(),
         }
     }
@@ -437,7 +438,7 @@ impl Comm {
         }
         let err = self.stamp(err);
         if !matches!(err.kind, ErrorKind::InvalidArgument) {
-            self.inner.lineage.shared().record_error(err.clone());
+            self.inner.lineage.published().record_error(err.clone());
         }
         err
     }

@@ -12,7 +12,8 @@ use chorus_protocol::message::{Join, Message, Role, Welcome};
 use chorus_protocol::{Envelope, Epoch, Rank};
 use chorus_transport::{ControlChannel, Fingerprint};
 
-use super::epoch::{EpochState, Inbox, LineageHandle, start_lineage};
+use super::epoch::{EpochState, Inbox, start_lineage};
+use super::lineage::LineageHandle;
 use super::root::RootHost;
 use super::{Session, millis, tokio_instant};
 use crate::config::Config;

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use chorus_engine::{Context, Engine, EngineConfig, HostDevice, Link};
 use chorus_protocol::message::{PeerInfo, Welcome};
-use chorus_protocol::{CloseCode, Collective, CommId, Epoch, Rank};
-use tokio::sync::{mpsc, oneshot};
+use chorus_protocol::{Collective, CommId, Epoch, Rank};
+use tokio::sync::mpsc;
 
-use super::lineage::{self, LineageTask, Shared};
+use super::lineage::{self, LineageHandle};
 use super::mailbox::{DataLink, EpochHooks, LineageMsg, NextEpoch, Request};
 use super::{Session, links};
 use crate::config::Config;
@@ -19,7 +19,7 @@ use crate::error::{Error, ErrorKind, Result, from_abort};
 use crate::recorder::Recorder;
 
 /// The engine a communicator runs its operations on.
-pub(crate) type HostEngine = Engine<HostDevice, dyn Link<Bytes>>;
+pub(crate) type CommEngine = Engine<HostDevice, dyn Link<Bytes>>;
 
 /// One epoch's data plane.
 pub(crate) struct EpochState {
@@ -29,43 +29,8 @@ pub(crate) struct EpochState {
     pub(crate) world: u32,
     pub(crate) members: Vec<PeerInfo>,
     pub(crate) hooks: Arc<EpochHooks>,
-    pub(crate) engine: HostEngine,
+    pub(crate) engine: CommEngine,
     pub(crate) recorder: Arc<Recorder>,
-}
-
-/// The handle on a lineage's task; the task departs when the last communicator using it
-/// goes.
-pub(crate) struct LineageHandle {
-    pub(crate) handle: lineage::Handle,
-}
-
-impl LineageHandle {
-    /// What the application reads of the lineage.
-    pub(crate) fn shared(&self) -> &Shared {
-        &self.handle.shared
-    }
-
-    /// Sends a request; `false` if the task has ended.
-    pub(crate) fn request(&self, request: Request) -> bool {
-        self.handle.request(request)
-    }
-
-    /// Tells the lineage what an operation saw on a data link (evidence for the control
-    /// plane); `false` if the task has ended.
-    pub(crate) fn tell(&self, msg: LineageMsg) -> bool {
-        self.handle.tx.send(msg).is_ok()
-    }
-}
-
-impl Drop for LineageHandle {
-    fn drop(&mut self) {
-        let (reply, _) = oneshot::channel();
-        let _ = self.handle.request(Request::Depart {
-            code: CloseCode::NORMAL,
-            detail: "communicator dropped".into(),
-            reply,
-        });
-    }
 }
 
 /// A lineage task's inbox, registered with the session's registry before anyone can know
@@ -96,19 +61,7 @@ pub(crate) async fn start_lineage(
     deadline: Instant,
 ) -> Result<(Arc<LineageHandle>, Arc<EpochState>)> {
     let Inbox { tx, rx } = inbox;
-    let shared = Arc::new(Shared::default());
-    let task = LineageTask::new(
-        session.clone(),
-        &welcome,
-        me,
-        rx,
-        tx.clone(),
-        shared.clone(),
-    )?;
-    session.handle.spawn(task.run());
-    let lineage = Arc::new(LineageHandle {
-        handle: lineage::Handle { tx, shared },
-    });
+    let lineage = Arc::new(lineage::start(session, &welcome, me, tx, rx)?);
     let epoch = build_epoch(
         session,
         &lineage,
@@ -202,7 +155,7 @@ async fn build_epoch(
         recorder: recorder.clone(),
         building: false,
     });
-    lineage.shared().built(epoch);
+    lineage.published().built(epoch);
     lineage.request(Request::Attach(Arc::downgrade(&hooks)));
     Ok(Arc::new(EpochState {
         comm,

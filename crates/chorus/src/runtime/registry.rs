@@ -6,8 +6,8 @@
 //! communicator or epoch is refused with `unknown-comm`, so a stranger or a stale peer is
 //! turned away before it costs anything), and route what they admit to the right place.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use chorus_protocol::message::Role;
@@ -43,9 +43,7 @@ struct CommEntry {
 
 impl Registry {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Every critical section is a handful of map operations that cannot leave the maps
-        // half-updated, so a poisoned lock is still consistent.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 
     /// Serve `comm` at `epoch` as `rank`, its control traffic going to `lineage`.

@@ -28,7 +28,7 @@ struct Chan {
     epoch: Epoch,
     role: Role,
     channel: Arc<ControlChannel>,
-    out: mpsc::UnboundedSender<Out>,
+    out: mpsc::UnboundedSender<Outgoing>,
     reader: JoinHandle<()>,
     writer: Option<JoinHandle<()>>,
 }
@@ -42,7 +42,7 @@ pub(super) struct Route {
 }
 
 /// What a stream's writer task does next, in order.
-enum Out {
+enum Outgoing {
     Send(Message),
     /// Close the stream with this code once everything queued before it is written.
     Close(CloseCode, String),
@@ -54,7 +54,7 @@ impl Chan {
     }
 
     fn send(&self, message: Message) {
-        let _ = self.out.send(Out::Send(message));
+        let _ = self.out.send(Outgoing::Send(message));
     }
 
     /// Closes after the writer flushed what is queued (see [`close_after_flush`]).
@@ -65,7 +65,7 @@ impl Chan {
         detail: &str,
         budget: Duration,
     ) -> JoinHandle<()> {
-        let _ = self.out.send(Out::Close(code, detail.to_owned()));
+        let _ = self.out.send(Outgoing::Close(code, detail.to_owned()));
         let writer = self.writer.take();
         close_after_flush(clock, self.channel.clone(), writer, code, detail, budget)
     }
@@ -190,14 +190,14 @@ impl Channels {
         }
         let id = self.next_chan;
         self.next_chan += 1;
-        let (out, rx) = mpsc::unbounded_channel::<Out>();
+        let (out, rx) = mpsc::unbounded_channel::<Outgoing>();
         let writer = tokio::spawn(write(channel.clone(), rx));
         let reader = tokio::spawn(read(channel.clone(), id, role, self.me.clone()));
         if role == Role::Member {
             self.connecting.remove(&(epoch, peer));
             if let Some(queued) = self.pending.remove(&(epoch, peer)) {
                 for m in queued {
-                    let _ = out.send(Out::Send(m));
+                    let _ = out.send(Outgoing::Send(m));
                 }
             }
         }
@@ -396,15 +396,15 @@ fn close_after_flush(
 }
 
 /// A stream's writer task: sends what is queued, in order, until told to close.
-async fn write(channel: Arc<ControlChannel>, mut rx: mpsc::UnboundedReceiver<Out>) {
+async fn write(channel: Arc<ControlChannel>, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
     while let Some(next) = rx.recv().await {
         match next {
-            Out::Send(m) => {
+            Outgoing::Send(m) => {
                 if channel.send(m).await.is_err() {
                     break;
                 }
             }
-            Out::Close(code, detail) => {
+            Outgoing::Close(code, detail) => {
                 channel.close(code, &detail);
                 break;
             }

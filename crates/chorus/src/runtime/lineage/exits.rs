@@ -11,8 +11,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::runtime::Clock;
+use crate::runtime::host_identity;
 use crate::runtime::mailbox::{DataLink, LineageMsg};
-use crate::watch::ProcessWatch;
+use crate::runtime::process_watch::ProcessWatch;
 
 /// How long a same-host peer's exit waits for its data link to say whether it departed
 /// first (see [`settle`]); a crash settles the link sooner (the kernel closes a dead
@@ -40,7 +41,7 @@ impl Watches {
         let me = std::process::id();
         for peer in table
             .iter()
-            .filter(|p| p.pid != me && crate::host::is_local(host, &p.host))
+            .filter(|p| p.pid != me && host_identity::is_local(host, &p.host))
         {
             let (rank, pid, tx) = (peer.rank, peer.pid, tx.clone());
             self.0.push(runtime.spawn(async move {

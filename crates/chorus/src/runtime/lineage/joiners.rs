@@ -6,13 +6,13 @@ use chorus_protocol::message::PeerInfo;
 /// The joiners that asked, each with the stream its `Welcome` goes to, and how many the
 /// members' grow wants.
 #[derive(Default)]
-pub(super) struct Admission {
+pub(super) struct Joiners {
     joiners: Vec<(PeerInfo, u64)>,
     wanted: Option<u32>,
     proposed: bool,
 }
 
-impl Admission {
+impl Joiners {
     /// This member coordinates a grow of `joiners`: propose once that many have asked.
     pub(super) fn want(&mut self, joiners: u32) {
         self.wanted = Some(joiners);

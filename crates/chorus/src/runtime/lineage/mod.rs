@@ -1,13 +1,13 @@
 //! A communicator lineage (a communicator and the ones shrunk or grown from it), as the
 //! control thread runs it: one [`LineageTask`] per lineage owns the control plane's
-//! `Node` and everything around it, and the application reads [`Shared`] and talks to the
-//! task through a [`Handle`] (the messages are in [`crate::runtime::mailbox`]).
+//! `Node` and everything around it, and the application reads [`Published`] and talks to the
+//! task through a [`LineageHandle`] (the messages are in [`crate::runtime::mailbox`]).
 //!
 //! One job per file:
 //! - [`task`]: the task — its loop, and carrying out what the policy decides ([`action`]);
 //! - [`policy`]: every decision, sans-IO (fed `now` from the runtime's `Clock`), in the
 //!   manner of `chorus_control::Node`, with its parts: [`waiters`] (shrink and grow
-//!   bookkeeping), [`joiners`] (admission), [`departure`] (leaving), [`aborts`] (events
+//!   bookkeeping), [`joiners`] (joiner admission), [`departure`] (leaving), [`aborts`] (events
 //!   turned into aborts);
 //! - [`channels`]: the control-stream pool and its bounded close-after-flush;
 //! - [`exits`]: same-host process exits (pidfd).
@@ -27,18 +27,19 @@ mod waiters;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use chorus_protocol::Epoch;
-use chorus_protocol::message::PeerStatus;
+use chorus_protocol::message::{PeerStatus, Welcome};
+use chorus_protocol::{CloseCode, Epoch, Rank};
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::Error;
+use crate::runtime::Session;
 use crate::runtime::mailbox::{LineageMsg, Request};
-pub(crate) use task::LineageTask;
+use task::LineageTask;
 
 /// What the application reads without asking the task.
 #[derive(Default)]
-pub(crate) struct Shared {
+pub(crate) struct Published {
     health: Mutex<Vec<PeerStatus>>,
     /// The first failure recorded (one-way: set once, never cleared).
     async_error: OnceLock<Error>,
@@ -46,7 +47,7 @@ pub(crate) struct Shared {
     newest: AtomicU64,
 }
 
-impl Shared {
+impl Published {
     pub(crate) fn health(&self) -> Vec<PeerStatus> {
         self.health.lock().clone()
     }
@@ -74,15 +75,61 @@ impl Shared {
     }
 }
 
-/// The application's handle on a running lineage task.
-pub(crate) struct Handle {
-    pub(crate) tx: mpsc::UnboundedSender<LineageMsg>,
-    pub(crate) shared: Arc<Shared>,
+/// The application's handle on a running lineage task; the task departs when the last
+/// communicator holding it goes.
+pub(crate) struct LineageHandle {
+    tx: mpsc::UnboundedSender<LineageMsg>,
+    published: Arc<Published>,
 }
 
-impl Handle {
+impl LineageHandle {
+    /// What the application reads of the lineage.
+    pub(crate) fn published(&self) -> &Published {
+        &self.published
+    }
+
     /// Sends a request; `false` if the task has ended.
     pub(crate) fn request(&self, request: Request) -> bool {
-        self.tx.send(LineageMsg::Request(request)).is_ok()
+        self.tell(LineageMsg::Request(request))
     }
+
+    /// Tells the lineage what an operation saw on a data link (evidence for the control
+    /// plane); `false` if the task has ended.
+    pub(crate) fn tell(&self, msg: LineageMsg) -> bool {
+        self.tx.send(msg).is_ok()
+    }
+}
+
+impl Drop for LineageHandle {
+    fn drop(&mut self) {
+        let (reply, _) = oneshot::channel();
+        let _ = self.request(Request::Depart {
+            code: CloseCode::NORMAL,
+            detail: "communicator dropped".into(),
+            reply,
+        });
+    }
+}
+
+/// Starts the lineage task of `welcome`'s communicator as `rank` on the session's control
+/// thread, reading `inbox` (which may already hold messages that arrived while bootstrap
+/// finished; `tx` is its sender).
+pub(crate) fn start(
+    session: &Arc<Session>,
+    welcome: &Welcome,
+    rank: Rank,
+    tx: mpsc::UnboundedSender<LineageMsg>,
+    inbox: mpsc::UnboundedReceiver<LineageMsg>,
+) -> Result<LineageHandle, Error> {
+    let published = Arc::new(Published::default());
+    let task = LineageTask::new(
+        session.clone(),
+        welcome,
+        rank,
+        inbox,
+        tx.clone(),
+        published.clone(),
+    )?;
+    session.handle.spawn(task.run());
+    Ok(LineageHandle { tx, published })
 }

@@ -24,8 +24,8 @@ use super::aborts::{self, Scope};
 use super::action::Action;
 use super::channels::Route;
 use super::departure::Departure;
-use super::joiners::Admission;
-use super::waiters::{Reply, Waiter, Waiters};
+use super::joiners::Joiners;
+use super::waiters::{PendingAgreement, PendingAgreements, Reply};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::runtime::mailbox::NextEpoch;
@@ -43,16 +43,16 @@ pub(super) struct Me {
 
 /// The timing the policy applies (from the communicator's configuration).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Timing {
+pub(super) struct PolicyTiming {
     /// How long a shrink or grow waits for its agreement.
     pub(super) agree: Duration,
     /// How long a departure waits for streams still being opened.
     pub(super) depart: Duration,
 }
 
-impl Timing {
-    pub(super) fn of(config: &Config) -> Timing {
-        Timing {
+impl PolicyTiming {
+    pub(super) fn of(config: &Config) -> PolicyTiming {
+        PolicyTiming {
             agree: config.agree_timeout,
             depart: config.teardown_budget / 2,
         }
@@ -63,15 +63,15 @@ impl Timing {
 pub(super) struct Policy {
     node: Node,
     me: Me,
-    timing: Timing,
+    timing: PolicyTiming,
     /// Peer tables by epoch.
     tables: HashMap<Epoch, Vec<PeerInfo>>,
     /// Communicator id at each epoch.
     comms: HashMap<Epoch, CommId>,
     /// The newest agreement, which answers late shrink and grow calls.
     agreed: Option<NextEpoch>,
-    waiters: Waiters,
-    admission: Admission,
+    waiters: PendingAgreements,
+    joiners: Joiners,
     /// Peers that left gracefully at each epoch.
     departed: HashSet<(Epoch, Rank)>,
     /// Leaving: the departure is on its way to the streams that exist, and to those still
@@ -96,12 +96,12 @@ impl Policy {
         Ok(Policy {
             node,
             me,
-            timing: Timing::of(config),
+            timing: PolicyTiming::of(config),
             tables: HashMap::from([(welcome.epoch, welcome.members.clone())]),
             comms: HashMap::from([(welcome.epoch, welcome.comm)]),
             agreed: None,
-            waiters: Waiters::default(),
-            admission: Admission::default(),
+            waiters: PendingAgreements::default(),
+            joiners: Joiners::default(),
             departed: HashSet::new(),
             departure: None,
             actions: VecDeque::new(),
@@ -234,7 +234,7 @@ impl Policy {
 
     /// A process asks to join on stream `chan`.
     pub(super) fn join(&mut self, now: Instant, join: Join, chan: u64) {
-        self.admission.asked(join.peer, chan);
+        self.joiners.asked(join.peer, chan);
         self.maybe_admit(now);
     }
 
@@ -339,7 +339,7 @@ impl Policy {
             }
             after = self.node.epoch();
         }
-        self.waiters.push(Waiter {
+        self.waiters.push(PendingAgreement {
             after,
             grow: false,
             deadline: now + self.timing.agree,
@@ -362,14 +362,14 @@ impl Policy {
             let next = next.clone();
             return self.answer(reply, Ok(next));
         }
-        self.waiters.push(Waiter {
+        self.waiters.push(PendingAgreement {
             after,
             grow: true,
             deadline: now + self.timing.agree,
             reply,
         });
         if self.node.rank() == Rank(0) {
-            self.admission.want(joiners);
+            self.joiners.want(joiners);
             self.maybe_admit(now);
         }
     }
@@ -480,7 +480,7 @@ impl Policy {
 
     /// The grow coordinator proposes once the wanted number of joiners has arrived.
     fn maybe_admit(&mut self, now: Instant) {
-        if let Some(peers) = self.admission.proposal() {
+        if let Some(peers) = self.joiners.proposal() {
             self.handle(now, Input::Command(Command::Admit(peers)));
         }
     }
@@ -592,7 +592,7 @@ impl Policy {
                 epoch,
                 members: table.clone(),
             };
-            for chan in self.admission.admitted(&agreed.joiners) {
+            for chan in self.joiners.admitted(&agreed.joiners) {
                 self.actions.push_back(Action::Welcome {
                     chan,
                     welcome: welcome.clone(),

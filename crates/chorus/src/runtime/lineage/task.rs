@@ -15,7 +15,7 @@ use chorus_protocol::{CloseCode, Epoch, Rank};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::Shared;
+use super::Published;
 use super::aborts::Scope;
 use super::action::Action;
 use super::channels::{Added, Channels};
@@ -37,7 +37,7 @@ pub(crate) struct LineageTask {
     policy: Policy,
     inbox: mpsc::UnboundedReceiver<LineageMsg>,
     me: mpsc::UnboundedSender<LineageMsg>,
-    shared: Arc<Shared>,
+    published: Arc<Published>,
     channels: Channels,
     epochs: Vec<Weak<EpochHooks>>,
     watches: Watches,
@@ -55,7 +55,7 @@ impl LineageTask {
         rank: Rank,
         inbox: mpsc::UnboundedReceiver<LineageMsg>,
         me: mpsc::UnboundedSender<LineageMsg>,
-        shared: Arc<Shared>,
+        published: Arc<Published>,
     ) -> Result<LineageTask, Error> {
         let myself = Me {
             fingerprint: session.identity.fingerprint().0,
@@ -74,7 +74,7 @@ impl LineageTask {
             policy,
             inbox,
             me,
-            shared,
+            published,
             channels,
             epochs: Vec::new(),
             watches: Watches::default(),
@@ -268,7 +268,7 @@ impl LineageTask {
             world: node.world(),
             peers: self.policy.health(clock.now()),
             ops,
-            async_error: self.shared.async_error().map(|e| e.to_string()),
+            async_error: self.published.async_error().map(|e| e.to_string()),
             members: if with_members {
                 self.policy
                     .table(node.epoch())
@@ -362,7 +362,7 @@ impl LineageTask {
 
     fn apply(&mut self, action: Action) {
         match action {
-            Action::Record(error) => self.shared.record_error(error),
+            Action::Record(error) => self.published.record_error(error),
             Action::Abort { scope, reason } => {
                 for hooks in self.live_epochs() {
                     let aborted = match scope {
@@ -411,7 +411,7 @@ impl LineageTask {
     }
 
     fn publish_health(&self) {
-        self.shared
+        self.published
             .set_health(self.policy.health(self.session.clock.now()));
     }
 

@@ -12,9 +12,9 @@ use tokio::sync::oneshot;
 use super::aborts::Scope;
 use super::action::Action;
 use super::departure::Departure;
-use super::joiners::Admission;
+use super::joiners::Joiners;
 use super::policy::{Me, Policy};
-use super::waiters::{Waiter, Waiters};
+use super::waiters::{PendingAgreement, PendingAgreements};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::runtime::mailbox::NextEpoch;
@@ -338,12 +338,12 @@ fn next(previous: u64, joiners: usize) -> NextEpoch {
 
 #[test]
 fn an_agreement_answers_the_waiters_it_satisfies_and_keeps_the_others() {
-    let mut waiters = Waiters::default();
+    let mut waiters = PendingAgreements::default();
     let mut rxs = Vec::new();
     for (after, grow) in [(0, false), (0, true), (1, false)] {
         let (reply, rx) = oneshot::channel();
         rxs.push(rx);
-        waiters.push(Waiter {
+        waiters.push(PendingAgreement {
             after: Epoch(after),
             grow,
             deadline: at(1000),
@@ -370,20 +370,20 @@ fn an_agreement_answers_the_waiters_it_satisfies_and_keeps_the_others() {
 
 #[test]
 fn the_grow_coordinator_proposes_once_as_many_joiners_as_wanted_have_asked() {
-    let mut admission = Admission::default();
-    admission.asked(peer(5), 1);
-    assert!(admission.proposal().is_none(), "no grow wanted yet");
-    admission.want(2);
-    assert!(admission.proposal().is_none(), "one joiner of two");
+    let mut joiners = Joiners::default();
+    joiners.asked(peer(5), 1);
+    assert!(joiners.proposal().is_none(), "no grow wanted yet");
+    joiners.want(2);
+    assert!(joiners.proposal().is_none(), "one joiner of two");
     // A repeat of an incarnation replaces the earlier request.
-    admission.asked(peer(5), 3);
-    assert!(admission.proposal().is_none());
-    admission.asked(peer(6), 4);
-    let proposed = admission.proposal().expect("two joiners asked");
+    joiners.asked(peer(5), 3);
+    assert!(joiners.proposal().is_none());
+    joiners.asked(peer(6), 4);
+    let proposed = joiners.proposal().expect("two joiners asked");
     assert_eq!(proposed, vec![peer(5), peer(6)]);
-    assert!(admission.proposal().is_none(), "proposed once");
-    assert_eq!(admission.admitted(&[peer(6)]), vec![4]);
-    assert!(admission.proposal().is_none(), "the admission starts over");
+    assert!(joiners.proposal().is_none(), "proposed once");
+    assert_eq!(joiners.admitted(&[peer(6)]), vec![4]);
+    assert!(joiners.proposal().is_none(), "the admission starts over");
 }
 
 #[test]

@@ -12,7 +12,7 @@ use crate::runtime::mailbox::NextEpoch;
 pub(super) type Reply = oneshot::Sender<Result<NextEpoch, Error>>;
 
 /// A request waiting for an agreement.
-pub(super) struct Waiter {
+pub(super) struct PendingAgreement {
     /// Answered by an agreement that leaves this epoch or a later one.
     pub(super) after: Epoch,
     /// A grow: only an agreement that admits joiners answers it.
@@ -21,7 +21,7 @@ pub(super) struct Waiter {
     pub(super) reply: Reply,
 }
 
-impl Waiter {
+impl PendingAgreement {
     /// The agreement `next` answers this request.
     fn answered_by(&self, next: &NextEpoch) -> bool {
         next.agreed.previous >= self.after && (!self.grow || !next.agreed.joiners.is_empty())
@@ -35,29 +35,29 @@ impl Waiter {
 
 /// The waiting requests, in arrival order.
 #[derive(Default)]
-pub(super) struct Waiters(Vec<Waiter>);
+pub(super) struct PendingAgreements(Vec<PendingAgreement>);
 
-impl Waiters {
-    pub(super) fn push(&mut self, waiter: Waiter) {
+impl PendingAgreements {
+    pub(super) fn push(&mut self, waiter: PendingAgreement) {
         self.0.push(waiter);
     }
 
     /// Takes the waiters `next` answers, leaving the others waiting.
-    pub(super) fn answered(&mut self, next: &NextEpoch) -> Vec<Waiter> {
+    pub(super) fn answered(&mut self, next: &NextEpoch) -> Vec<PendingAgreement> {
         self.take_where(|w| w.answered_by(next))
     }
 
     /// Takes the waiters whose deadline is past at `now`.
-    pub(super) fn expired(&mut self, now: Instant) -> Vec<Waiter> {
+    pub(super) fn expired(&mut self, now: Instant) -> Vec<PendingAgreement> {
         self.take_where(|w| now >= w.deadline)
     }
 
     /// Takes every waiter.
-    pub(super) fn all(&mut self) -> Vec<Waiter> {
+    pub(super) fn all(&mut self) -> Vec<PendingAgreement> {
         std::mem::take(&mut self.0)
     }
 
-    fn take_where(&mut self, pred: impl Fn(&Waiter) -> bool) -> Vec<Waiter> {
+    fn take_where(&mut self, pred: impl Fn(&PendingAgreement) -> bool) -> Vec<PendingAgreement> {
         let (taken, kept) = std::mem::take(&mut self.0).into_iter().partition(pred);
         self.0 = kept;
         taken
