@@ -36,7 +36,9 @@ const MAX_OPS: u32 = 64;
 
 /// What a job said about itself, at one moment.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct JobStatus {
+    /// The job's communicator.
     pub comm: CommId,
     /// The bootstrap root asked (the token's address).
     pub root: SocketAddr,
@@ -52,10 +54,13 @@ pub struct JobStatus {
 
 /// One member's answer, or why there is none.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RankStatus {
     /// The member's rank in the first epoch (the launcher's numbering).
     pub rank: Rank,
+    /// Its entry in the first epoch's peer table.
     pub info: PeerInfo,
+    /// What it said.
     pub answer: Answer,
 }
 
@@ -71,6 +76,7 @@ pub enum Answer {
 
 /// The rank a stalled job is waiting on, and who waits.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stall {
     /// The rank at the end of the wait chains (first-epoch numbering).
     pub rank: Rank,

@@ -15,8 +15,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use chorus_engine::{Buffer, Context, LinkError, Op, OpError, OpErrorKind, Reduction};
-use chorus_protocol::message::{PeerInfo, PeerStatus};
-use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
+use chorus_protocol::{CloseCode, CommId, Rank};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
@@ -25,6 +24,7 @@ pub use blocking::Blocking;
 use crate::config::Config;
 use crate::element::{Element, bytes, bytes_mut};
 use crate::error::{Error, ErrorKind, Result, from_abort, from_op};
+use crate::introspection::{Health, Member, PeerHealth, RecentOp};
 use crate::runtime::Session;
 use crate::runtime::bootstrap::{self, Founded};
 use crate::runtime::epoch::EpochState;
@@ -54,18 +54,6 @@ struct Inner {
     /// An abort's departure, still leaving: a later `destroy` lets it finish (bounded).
     departing: Mutex<Option<oneshot::Receiver<()>>>,
     _signal: Mutex<Option<crate::signal::Registration>>,
-}
-
-/// The health of a communicator, as `ncclCommGetAsyncError` and a ledger would tell it.
-#[derive(Clone, Debug)]
-pub struct Health {
-    pub rank: Rank,
-    pub epoch: Epoch,
-    pub world: u32,
-    /// This member's view of every member: state, last heard, evidence.
-    pub peers: Vec<PeerStatus>,
-    /// The first failure recorded on this communicator, if any.
-    pub async_error: Option<Error>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -145,8 +133,8 @@ impl Comm {
     }
 
     /// The membership generation: 0 after init, bumped by every shrink and grow.
-    pub fn epoch(&self) -> Epoch {
-        self.inner.epoch.epoch
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch.epoch.get()
     }
 
     /// The communicator's id.
@@ -155,8 +143,8 @@ impl Comm {
     }
 
     /// The peer table: every member's addresses, host and process.
-    pub fn members(&self) -> &[PeerInfo] {
-        &self.inner.epoch.members
+    pub fn members(&self) -> Vec<Member> {
+        self.inner.epoch.members.iter().map(Member::from).collect()
     }
 
     /// The blocking twin of every call.
@@ -173,17 +161,20 @@ impl Comm {
     pub fn health(&self) -> Health {
         let e = &self.inner.epoch;
         Health {
-            rank: e.rank,
-            epoch: e.epoch,
+            rank: e.rank.get(),
+            epoch: e.epoch.get(),
             world: e.world,
-            peers: self.inner.lineage.published().health(),
+            peers: (self.inner.lineage.published().health().iter())
+                .map(PeerHealth::from)
+                .collect(),
             async_error: self.async_error(),
         }
     }
 
     /// The flight recorder's newest `max` operations.
-    pub fn recent_ops(&self, max: usize) -> Vec<chorus_protocol::message::OpRecord> {
-        self.inner.epoch.recorder.records(max, Instant::now())
+    pub fn recent_ops(&self, max: usize) -> Vec<RecentOp> {
+        let records = self.inner.epoch.recorder.records(max, Instant::now());
+        records.iter().map(RecentOp::from).collect()
     }
 
     // -----------------------------------------------------------------------------------
@@ -427,11 +418,11 @@ impl Comm {
         // running operations, see `lineage::policy::Policy::data_departed`) names the departure
         // once this member's link to the leaver carries it.
         if err.kind == ErrorKind::Revoked
-            && let Some(peer) = self.departed_on_links(err.waiting_on)
+            && let Some(peer) = self.departed_on_links(err.waiting_on.map(Rank))
         {
             err.kind = ErrorKind::PeerDeparted;
             err.detail = format!("peer {peer} left the communicator ({})", err.detail);
-            err.peer = Some(peer);
+            err.peer = Some(peer.get());
             err.evidence = Some(chorus_protocol::message::Evidence::Departed {
                 code: CloseCode::NORMAL,
             });

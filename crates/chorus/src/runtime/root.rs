@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::{Clock, socket_addr, tokio_instant};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
+use crate::introspection::Member;
 use crate::unique_id::{UniqueId, random_secret};
 
 /// A running bootstrap root. Dropping it stops the root (bounded by the teardown budget).
@@ -167,8 +168,11 @@ impl RootHost {
     }
 
     /// The peer table, once every rank has joined.
-    pub fn members(&self) -> Option<Vec<PeerInfo>> {
-        self.members.lock().clone()
+    pub fn members(&self) -> Option<Vec<Member>> {
+        let members = self.members.lock();
+        members
+            .as_ref()
+            .map(|m| m.iter().map(Member::from).collect())
     }
 
     /// Tells the job that `rank`'s process exited with `status` (negative: killed by that
@@ -177,10 +181,10 @@ impl RootHost {
     /// the init deadline for it). After, a `Notice` with `LauncherWitness` evidence goes to
     /// up to three of its neighbours, which spread it. Best effort and bounded; it returns
     /// at once. Valid for the first epoch's numbering.
-    pub fn witness_exit(&self, rank: Rank, status: i32) {
+    pub fn witness_exit(&self, rank: u32, status: i32) {
         // The serving task decides which of the two applies, so an exit that races the
         // last join is still told to someone.
-        let _ = self.exits.send((rank, status));
+        let _ = self.exits.send((Rank(rank), status));
     }
 }
 

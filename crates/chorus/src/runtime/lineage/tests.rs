@@ -116,7 +116,7 @@ fn a_lost_control_stream_aborts_the_epoch_records_the_failure_and_evicts_the_lin
     let errors = recorded(&done);
     assert_eq!(errors.len(), 1, "one failure recorded");
     assert_eq!(errors[0].kind, ErrorKind::PeerFailed);
-    assert_eq!(errors[0].peer, Some(Rank(1)));
+    assert_eq!(errors[0].peer, Some(1));
     let aborts = aborts(&done);
     assert_eq!(aborts.len(), 1);
     assert_eq!(aborts[0].0, Scope::Epoch(Epoch(0)));
@@ -198,7 +198,7 @@ fn a_graceful_departure_on_a_data_link_revokes_the_epoch_naming_the_leaver() {
     let errors = recorded(&done);
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].kind, ErrorKind::PeerDeparted);
-    assert_eq!(errors[0].peer, Some(Rank(2)));
+    assert_eq!(errors[0].peer, Some(2));
     assert_eq!(aborts(&done)[0].0, Scope::Epoch(Epoch(0)));
     // The other members hear of the revoke.
     assert!(std::iter::from_fn(|| p.poll_transmit()).count() > 0);
@@ -213,7 +213,7 @@ fn a_revoke_without_a_cause_names_a_departure_seen_on_the_links_or_is_a_revoke()
     let errors = recorded(&done);
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].kind, ErrorKind::PeerDeparted);
-    assert_eq!(errors[0].peer, Some(Rank(1)));
+    assert_eq!(errors[0].peer, Some(1));
 
     let mut p = policy(3, 0);
     let _ = actions(&mut p);
