@@ -120,10 +120,8 @@ impl Job {
     pub fn start(bin: &Path, spec: JobSpec) -> Job {
         let serial = SERIAL.lock();
         reap::become_subreaper();
-        let config = Config {
-            init_timeout: spec.start_timeout,
-            ..Config::default()
-        };
+        let mut config = Config::default();
+        config.init_timeout = spec.start_timeout;
         let root = match RootHost::start(
             "127.0.0.1:0".parse().expect("a literal address"),
             spec.world,

@@ -11,6 +11,7 @@ use chorus_protocol::Collective;
 /// Knobs of a communicator. `Config::default()` is what a job gets without any `CHORUS_*`
 /// variable; [`Config::from_env`] applies the overrides.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Config {
     /// How often a member sends a heartbeat to each of its observers.
     /// `CHORUS_HEARTBEAT_INTERVAL` (default 200ms).
@@ -77,6 +78,7 @@ impl Default for Config {
 
 /// The data-plane transport a communicator uses between its members.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TransportChoice {
     /// TCP over io_uring, or epoll where io_uring is refused.
     Tcp,
@@ -164,8 +166,11 @@ impl FromStr for AlgorithmOverrides {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{var}={value:?}: {reason}")]
 pub struct ConfigError {
+    /// The variable.
     pub var: &'static str,
+    /// Its value.
     pub value: String,
+    /// Why it cannot be used.
     pub reason: String,
 }
 

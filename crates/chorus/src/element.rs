@@ -8,6 +8,7 @@ use half::{bf16, f16};
 
 /// A plain-data element type with a wire dtype.
 pub trait Element: bytemuck::Pod + Send + Sync {
+    /// The dtype the wire and the engine know this type as.
     const DTYPE: DType;
 }
 

@@ -93,27 +93,35 @@ impl ErrorKind {
     }
 }
 
-/// An error from chorus. Cheap to clone; fields are public for programs that keep the value.
+/// An error from chorus. Cheap to clone; fields are public for programs that keep the value
+/// (ranks and epochs as plain numbers, as everywhere in the public API).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Error {
+    /// What went wrong, coarsely.
     pub kind: ErrorKind,
     /// Lowercase, human-readable: what happened.
     pub detail: String,
+    /// The communicator it happened on.
     pub comm: Option<CommId>,
-    pub epoch: Option<Epoch>,
+    /// The communicator's epoch.
+    pub epoch: Option<u64>,
     /// This member's rank.
-    pub rank: Option<Rank>,
+    pub rank: Option<u32>,
     /// The peer involved: the one that failed, departed, or was being waited on.
-    pub peer: Option<Rank>,
+    pub peer: Option<u32>,
+    /// The collective that failed.
     pub collective: Option<Collective>,
-    pub op: Option<OpSeq>,
+    /// The failed operation's sequence number on the communicator (`op<seq>`).
+    pub op: Option<u64>,
+    /// The step of the operation's algorithm it failed at.
     pub step: Option<u32>,
     /// How the failure was established.
     pub evidence: Option<Evidence>,
     /// The operation's output buffer holds partial data (principle 5).
     pub partial_output: bool,
     /// From the flight recorder: which rank this member's in-flight operations wait on.
-    pub waiting_on: Option<Rank>,
+    pub waiting_on: Option<u32>,
 }
 
 impl Error {
@@ -135,24 +143,27 @@ impl Error {
         }
     }
 
+    /// What went wrong, coarsely.
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
 
     /// Sets where: communicator, epoch and this member's rank.
-    pub fn at(mut self, comm: CommId, epoch: Epoch, rank: Rank) -> Self {
+    pub(crate) fn at(mut self, comm: CommId, epoch: Epoch, rank: Rank) -> Self {
         self.comm = Some(comm);
-        self.epoch = Some(epoch);
-        self.rank = Some(rank);
+        self.epoch = Some(epoch.get());
+        self.rank = Some(rank.get());
         self
     }
 
-    pub fn with_peer(mut self, peer: Rank) -> Self {
-        self.peer = Some(peer);
+    /// Names the peer involved.
+    pub(crate) fn with_peer(mut self, peer: Rank) -> Self {
+        self.peer = Some(peer.get());
         self
     }
 
-    pub fn with_evidence(mut self, evidence: Evidence) -> Self {
+    /// Says how the failure was established.
+    pub(crate) fn with_evidence(mut self, evidence: Evidence) -> Self {
         self.evidence = Some(evidence);
         self
     }
@@ -176,28 +187,28 @@ impl fmt::Display for Error {
         if let Some(c) = self.collective {
             write!(f, " {c}")?;
             if let Some(op) = self.op {
-                write!(f, " {op}")?;
+                write!(f, " {}", OpSeq(op))?;
             }
             if let Some(step) = self.step {
                 write!(f, " step {step}")?;
             }
         }
         if let Some(rank) = self.rank {
-            write!(f, " on {rank}")?;
+            write!(f, " on {}", Rank(rank))?;
             if let Some(epoch) = self.epoch {
-                write!(f, "@{epoch}")?;
+                write!(f, "@{}", Epoch(epoch))?;
             }
         }
         write!(f, ": {}", self.detail)?;
         if let Some(peer) = self.peer {
-            write!(f, " (peer {peer}")?;
+            write!(f, " (peer {}", Rank(peer))?;
             if let Some(evidence) = &self.evidence {
                 write!(f, ", {}", EvidenceText(evidence))?;
             }
             f.write_str(")")?;
         }
         if let Some(w) = self.waiting_on.filter(|w| Some(*w) != self.peer) {
-            write!(f, "; was waiting on {w}")?;
+            write!(f, "; was waiting on {}", Rank(w))?;
         }
         if self.partial_output {
             f.write_str("; output buffer holds partial data")?;
@@ -297,10 +308,10 @@ pub(crate) fn from_op(e: &chorus_engine::OpError) -> Error {
         );
     }
     out.collective = Some(root.collective);
-    out.op = Some(root.op);
+    out.op = Some(root.op.get());
     out.step = root.step;
-    out.peer = out.peer.or(root.peer);
-    out.waiting_on = root.peer;
+    out.peer = out.peer.or(root.peer.map(Rank::get));
+    out.waiting_on = root.peer.map(Rank::get);
     out.partial_output = e.partial_output || root.partial_output;
     out
 }
@@ -326,7 +337,7 @@ pub(crate) fn from_abort(reason: &chorus_engine::context::AbortReason) -> Error 
         AbortReason::OpFailed { .. } => (ErrorKind::Aborted, None, None),
     };
     let mut err = Error::new(kind, reason.to_string());
-    err.peer = peer;
+    err.peer = peer.map(Rank::get);
     err.evidence = evidence;
     err
 }
@@ -366,10 +377,10 @@ mod tests {
             .with_peer(Rank(2))
             .with_evidence(Evidence::ProcessExited { status: -9 });
         e.collective = Some(Collective::AllReduce);
-        e.op = Some(OpSeq(7));
+        e.op = Some(7);
         e.step = Some(3);
         e.partial_output = true;
-        e.waiting_on = Some(Rank(2));
+        e.waiting_on = Some(2);
         assert_eq!(
             e.to_string(),
             "[chorus:peer-failed] all-reduce op7 step 3 on r0@e2: peer failed during the \

@@ -28,9 +28,13 @@ pub const MAX_WORLD: u32 = 1 << 20;
 /// Which launcher's variables gave the rank and world size.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum LaunchSource {
+    /// `chorus run` (`CHORUS_*`).
     Chorus,
+    /// torchrun (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, ...).
     Torchrun,
+    /// Slurm (`SLURM_*`).
     Slurm,
+    /// Open MPI (`OMPI_COMM_WORLD_*`).
     OpenMpi,
 }
 
@@ -53,9 +57,13 @@ pub enum RootSpec {
     /// A host and port; the secret is given or derived, the root certificate is derived
     /// from the secret.
     Address {
+        /// The root's host name or address.
         host: String,
+        /// The root's port.
         port: u16,
+        /// The job secret.
         secret: JobSecret,
+        /// The secret was derived from the launch environment (no `CHORUS_SECRET`).
         secret_derived: bool,
     },
 }
@@ -63,38 +71,57 @@ pub enum RootSpec {
 /// What the environment says about this process's place in the job.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
+    /// Which launcher's variables gave the rank and world size.
     pub source: LaunchSource,
+    /// This process's rank.
     pub rank: Rank,
+    /// The number of ranks.
     pub world: u32,
+    /// This process's rank on its host, if the launcher says.
     pub local_rank: Option<u32>,
+    /// The number of ranks on this host, if the launcher says.
     pub local_world: Option<u32>,
+    /// Where the bootstrap root is.
     pub root: RootSpec,
 }
 
 /// The environment does not describe a usable launch.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LaunchError {
+    /// No launcher's variables are set.
     #[error(
         "no launch environment: set CHORUS_RANK and CHORUS_WORLD_SIZE (or use chorus run, torchrun, srun or mpirun)"
     )]
     NoRank,
+    /// A launcher's variables give a rank but not everything else.
     #[error("{launcher} launch gives a rank but no {missing}")]
     Incomplete {
+        /// The launcher.
         launcher: LaunchSource,
+        /// The variable it lacks.
         missing: &'static str,
     },
+    /// A variable holds an unusable value.
     #[error("{var}={value:?}: {reason}")]
     Invalid {
+        /// The variable.
         var: &'static str,
+        /// Its value.
         value: String,
+        /// Why it cannot be used.
         reason: String,
     },
+    /// The rank is not below the world size.
     #[error("{launcher} launch: rank {rank} is not below the world size {world}")]
     RankOutOfRange {
+        /// The launcher.
         launcher: LaunchSource,
+        /// The rank it gave.
         rank: u32,
+        /// The world size it gave.
         world: u32,
     },
+    /// Nothing says where the bootstrap root is.
     #[error(
         "no root address: set CHORUS_UNIQUE_ID, CHORUS_ROOT=host:port or MASTER_ADDR and MASTER_PORT"
     )]

@@ -5,6 +5,7 @@
 //! control thread nothing else can block, launch-environment detection and the flight recorder. It
 //! wires the floors below together; it must never depend on the CLI, the benches or the tests.
 
+#![warn(missing_docs)]
 // `Error` carries its structured fields inline (rank, peer, op, step, evidence, ...): it is
 // built only on the failure path, where a 136-byte move is nothing next to what failed.
 #![allow(clippy::result_large_err)]
@@ -13,22 +14,28 @@ mod comm;
 pub mod config;
 mod element;
 pub mod error;
-pub mod host;
+mod introspection;
 pub mod launch;
-pub mod recorder;
+mod recorder;
 mod runtime;
-pub mod signal;
+mod signal;
 pub mod status;
+#[cfg(test)]
+mod testkit;
 pub mod unique_id;
-pub mod watch;
 
+pub use chorus_control::Quorum;
 pub use chorus_engine::{Buffer, Op, Reduction};
 pub use chorus_protocol::JobSecret;
-pub use chorus_protocol::{CommId, DType, Epoch, Rank};
-pub use comm::{Blocking, Comm, Health};
+pub use chorus_protocol::message::Evidence;
+/// The newtypes the raw-operation API ([`Op`]) and the status client ([`status`]) speak;
+/// everywhere else ranks and epochs are plain `u32` and `u64`.
+pub use chorus_protocol::{CloseCode, Collective, CommId, DType, Epoch, Rank};
+pub use comm::{Blocking, Comm};
 pub use config::{Config, ConfigError, TransportChoice};
 pub use element::Element;
 pub use error::{Error, ErrorKind, Result};
+pub use introspection::{Health, Member, OpPhase, PeerCondition, PeerHealth, RecentOp};
 pub use launch::{Launch, LaunchError, LaunchSource, RootSpec};
 pub use runtime::root::RootHost;
 pub use unique_id::UniqueId;

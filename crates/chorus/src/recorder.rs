@@ -7,18 +7,20 @@
 //! when someone asks (an error, `chorus status`, the deadline watchdog).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus_engine::context::AbortReason;
 use chorus_engine::error::OpError;
 use chorus_engine::progress::{OpObserver, OpProgress};
 use chorus_protocol::message::{OpRecord, OpState};
+#[cfg(test)]
 use chorus_protocol::{OpSeq, Rank};
+use parking_lot::{Mutex, MutexGuard};
 
 /// A bounded history of operations (the running ones and the most recent finished ones).
 #[derive(Debug)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     capacity: usize,
     log: Mutex<Log>,
 }
@@ -48,7 +50,7 @@ struct Entry {
 
 impl Recorder {
     /// A recorder keeping up to `capacity` finished operations besides the running ones.
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Recorder {
             capacity: capacity.max(1),
             log: Mutex::new(Log::default()),
@@ -56,14 +58,11 @@ impl Recorder {
     }
 
     fn lock(&self) -> MutexGuard<'_, Log> {
-        // A panic while holding this lock cannot leave the log inconsistent (every mutation
-        // is a push, a pop or a field store, each with its count), so a poisoned lock is
-        // still usable.
-        self.log.lock().unwrap_or_else(|p| p.into_inner())
+        self.log.lock()
     }
 
     /// The newest `max` entries, oldest first, as the protocol's `OpRecord`s.
-    pub fn records(&self, max: usize, now: Instant) -> Vec<OpRecord> {
+    pub(crate) fn records(&self, max: usize, now: Instant) -> Vec<OpRecord> {
         let entries = self.lock();
         let skip = entries.len().saturating_sub(max);
         entries.iter().skip(skip).map(|e| e.record(now)).collect()
@@ -71,7 +70,8 @@ impl Recorder {
 
     /// The peer the oldest still-running operation is blocked on, if any: the answer to
     /// "whom is this rank waiting for".
-    pub fn waiting_on(&self) -> Option<Rank> {
+    #[cfg(test)]
+    pub(crate) fn waiting_on(&self) -> Option<Rank> {
         self.lock()
             .iter()
             .filter(|e| e.ended.is_none())
@@ -81,7 +81,7 @@ impl Recorder {
     /// Aborts every running operation that started before `now - timeout` with a timeout
     /// reason naming its wait; returns how many it aborted. Called by the runtime's
     /// watchdog, the owner of the clock (the engine has none).
-    pub fn abort_overdue(&self, now: Instant, timeout: Duration) -> usize {
+    pub(crate) fn abort_overdue(&self, now: Instant, timeout: Duration) -> usize {
         let overdue: Vec<Arc<OpProgress>> = self
             .lock()
             .iter()
@@ -106,7 +106,8 @@ impl Recorder {
     }
 
     /// The earliest instant at which a running operation passes `timeout`.
-    pub fn next_deadline(&self, timeout: Duration) -> Option<Instant> {
+    #[cfg(test)]
+    pub(crate) fn next_deadline(&self, timeout: Duration) -> Option<Instant> {
         self.lock()
             .iter()
             .filter(|e| e.ended.is_none())
@@ -115,7 +116,8 @@ impl Recorder {
     }
 
     /// Sequence numbers of the running operations.
-    pub fn running(&self) -> Vec<OpSeq> {
+    #[cfg(test)]
+    pub(crate) fn running(&self) -> Vec<OpSeq> {
         self.lock()
             .iter()
             .filter(|e| e.ended.is_none())

@@ -7,30 +7,29 @@
 //! (signal-hook's self-pipe); that thread runs the departures and then re-raises the
 //! signal with its default disposition.
 
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 /// Something that can announce its departure before the process goes.
-pub trait Departer: Send + Sync {
+pub(crate) trait Departer: Send + Sync {
     /// Send departures with `reason`, returning by `deadline` whatever happens.
     fn depart_now(&self, reason: &str, deadline: Instant);
 }
 
 /// Keeps a departer registered; dropping it unregisters.
 #[derive(Debug)]
-pub struct Registration {
+pub(crate) struct Registration {
     id: u64,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Ok(mut hooks) = registry().hooks.lock() {
-            hooks.retain(|(id, _)| *id != self.id);
-        }
+        registry().hooks.lock().retain(|(id, _)| *id != self.id);
     }
 }
 
@@ -51,7 +50,7 @@ fn registry() -> &'static Registry {
 
 /// Installs the SIGTERM/SIGINT handling thread (once per process; later calls are no-ops).
 /// `budget` bounds the departures of all communicators together.
-pub fn install(budget: Duration) -> Result<(), String> {
+pub(crate) fn install(budget: Duration) -> Result<(), String> {
     registry()
         .installed
         .get_or_init(|| {
@@ -74,17 +73,14 @@ pub fn install(budget: Duration) -> Result<(), String> {
 }
 
 /// Registers `departer` to run when a handled signal arrives.
-pub fn register(departer: &Arc<dyn Departer>) -> Registration {
+pub(crate) fn register(departer: &Arc<dyn Departer>) -> Registration {
     let r = registry();
     let id = {
-        let mut next = r.next.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = r.next.lock();
         *next += 1;
         *next
     };
-    r.hooks
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push((id, Arc::downgrade(departer)));
+    r.hooks.lock().push((id, Arc::downgrade(departer)));
     Registration { id }
 }
 
@@ -95,7 +91,6 @@ fn depart_all(signal: i32, budget: Duration) {
     let hooks: Vec<Arc<dyn Departer>> = registry()
         .hooks
         .lock()
-        .unwrap_or_else(|p| p.into_inner())
         .iter()
         .filter_map(|(_, w)| w.upgrade())
         .collect();

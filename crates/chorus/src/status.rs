@@ -36,7 +36,9 @@ const MAX_OPS: u32 = 64;
 
 /// What a job said about itself, at one moment.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct JobStatus {
+    /// The job's communicator.
     pub comm: CommId,
     /// The bootstrap root asked (the token's address).
     pub root: SocketAddr,
@@ -52,10 +54,13 @@ pub struct JobStatus {
 
 /// One member's answer, or why there is none.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RankStatus {
     /// The member's rank in the first epoch (the launcher's numbering).
     pub rank: Rank,
+    /// Its entry in the first epoch's peer table.
     pub info: PeerInfo,
+    /// What it said.
     pub answer: Answer,
 }
 
@@ -71,6 +76,7 @@ pub enum Answer {
 
 /// The rank a stalled job is waiting on, and who waits.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stall {
     /// The rank at the end of the wait chains (first-epoch numbering).
     pub rank: Rank,
@@ -422,27 +428,9 @@ fn severity(state: PeerState) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::peer_info as info;
     use chorus_protocol::OpSeq;
-    use chorus_protocol::message::{PeerStatus, WireAddr};
-
-    fn info(rank: u32) -> PeerInfo {
-        PeerInfo {
-            rank: Rank(rank),
-            host: "h#000000000000".into(),
-            pid: 100 + rank,
-            control: WireAddr {
-                ip: [0; 16],
-                port: 1,
-            },
-            data: WireAddr {
-                ip: [0; 16],
-                port: 2,
-            },
-            fingerprint: [rank as u8; 32],
-            caps: 0,
-            incarnation: u64::from(rank) + 7,
-        }
-    }
+    use chorus_protocol::message::PeerStatus;
 
     fn op(waiting_on: Option<u32>, state: OpState) -> OpRecord {
         OpRecord {

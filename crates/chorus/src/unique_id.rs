@@ -47,11 +47,13 @@ pub fn derived_comm(secret: &JobSecret) -> CommId {
 /// Where the bootstrap root listens, whom to trust, and how to prove membership.
 #[derive(Clone, PartialEq, Eq)]
 pub struct UniqueId {
+    /// The communicator it founds.
     pub comm: CommId,
     /// The bootstrap root's control endpoint.
     pub root: SocketAddr,
     /// SHA-256 of the root's certificate (DER), pinned by every joiner.
     pub fingerprint: [u8; 32],
+    /// The job secret every member proves it holds.
     pub secret: JobSecret,
 }
 
@@ -69,14 +71,24 @@ impl fmt::Debug for UniqueId {
 /// Why a token could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
+    /// It does not start like a token.
     #[error("not a chorus token (expected it to start with {PREFIX:?})")]
     Prefix,
+    /// It is not base64url.
     #[error("token is not base64url ({0})")]
     Encoding(String),
+    /// It has the wrong length.
     #[error("token has {got} bytes, expected {expected}")]
-    Length { got: usize, expected: usize },
+    Length {
+        /// Its length.
+        got: usize,
+        /// A token's length.
+        expected: usize,
+    },
+    /// Its checksum does not match.
     #[error("token checksum does not match: it was altered or truncated")]
     Checksum,
+    /// It names port 0.
     #[error("token names port 0, which nobody can connect to")]
     Port,
 }

@@ -12,10 +12,9 @@ use chorus::status::{Answer, query};
 use chorus::{Comm, Config, Epoch, Rank, Reduction, RootHost};
 
 fn config() -> Config {
-    Config {
-        init_timeout: Duration::from_secs(30),
-        ..Config::default()
-    }
+    let mut config = Config::default();
+    config.init_timeout = Duration::from_secs(30);
+    config
 }
 
 #[test]

@@ -9,10 +9,9 @@ use std::time::Duration;
 use chorus::{Comm, Config, Reduction, RootHost};
 
 fn config() -> Config {
-    Config {
-        init_timeout: Duration::from_secs(30),
-        ..Config::default()
-    }
+    let mut config = Config::default();
+    config.init_timeout = Duration::from_secs(30);
+    config
 }
 
 fn run_ranks<T: Send>(world: u32, f: impl Fn(Comm) -> T + Sync) -> Vec<T> {
@@ -99,7 +98,7 @@ fn an_aborting_rank_fails_the_others_and_the_survivors_shrink() {
             err.to_string().starts_with("[chorus:peer-departed]"),
             "{err}"
         );
-        assert_eq!(err.peer, Some(chorus::Rank(3)), "{err}");
+        assert_eq!(err.peer, Some(3), "{err}");
         let small = comm.blocking().shrink().unwrap();
         assert_eq!(small.size(), 3);
         assert_eq!(small.rank(), comm.rank());
@@ -233,10 +232,8 @@ fn revoke_fails_everyone_then_shrink_continues() {
 /// is asserted, with room for a loaded machine.
 #[test]
 fn init_without_every_member_fails_by_the_init_deadline() {
-    let short = Config {
-        init_timeout: Duration::from_millis(1500),
-        ..Config::default()
-    };
+    let mut short = Config::default();
+    short.init_timeout = Duration::from_millis(1500);
     let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 3, &short).unwrap();
     let out = init_two_of_three(&root, &short, |_| {});
     for (rank, (got, took)) in out.into_iter().enumerate() {
@@ -267,10 +264,8 @@ fn init_against_a_silent_root_fails_by_the_init_deadline() {
     let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 1, &config()).unwrap();
     let mut id = root.unique_id().clone();
     id.root = silent.local_addr().unwrap();
-    let short = Config {
-        init_timeout: Duration::from_millis(1000),
-        ..Config::default()
-    };
+    let mut short = Config::default();
+    short.init_timeout = Duration::from_millis(1000);
     let started = Instant::now();
     let e = Comm::init_blocking(&id, 0, 1, short).expect_err("nobody answers at that address");
     let took = started.elapsed();
@@ -303,11 +298,9 @@ fn init_refuses_a_rank_outside_the_world() {
 fn a_collective_a_peer_never_joins_ends_by_the_operation_deadline() {
     use std::sync::mpsc;
     use std::time::Instant;
-    let short = Config {
-        init_timeout: Duration::from_secs(30),
-        op_timeout: Duration::from_millis(1000),
-        ..Config::default()
-    };
+    let mut short = Config::default();
+    short.init_timeout = Duration::from_secs(30);
+    short.op_timeout = Duration::from_millis(1000);
     let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 2, &short).unwrap();
     let id = root.unique_id().clone();
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -358,15 +351,13 @@ fn a_collective_a_peer_never_joins_ends_by_the_operation_deadline() {
 /// the init deadline (a crash at start-up is the most common failure of all).
 #[test]
 fn a_rank_that_exits_before_joining_fails_init_at_once_naming_it() {
-    let long = Config {
-        init_timeout: Duration::from_secs(60),
-        ..Config::default()
-    };
+    let mut long = Config::default();
+    long.init_timeout = Duration::from_secs(60);
     let root = RootHost::start("127.0.0.1:0".parse().unwrap(), 3, &long).unwrap();
     let out = init_two_of_three(&root, &long, |root| {
         // As `chorus run` does when it reaps rank 2, killed by SIGKILL at start-up.
         thread::sleep(Duration::from_millis(300));
-        root.witness_exit(chorus::Rank(2), -9);
+        root.witness_exit(2, -9);
     });
     for (rank, (got, took)) in out.into_iter().enumerate() {
         let e = got.expect_err("rank 2 never joins");

@@ -79,12 +79,12 @@ fn main() {
         "ev": if std::env::var("CT_JOIN").is_ok() { "joined" } else { "ready" },
         "rank": comm.rank(),
         "world": comm.size(),
-        "epoch": comm.epoch().get(),
+        "epoch": comm.epoch(),
         "comm": comm.id().get(),
         "pid": std::process::id(),
         "ms": ms(init_start.elapsed()),
-        "control": addr(&me.control).to_string(),
-        "data": addr(&me.data).to_string(),
+        "control": me.control.to_string(),
+        "data": me.data.to_string(),
         "fingerprint": hex::encode(me.fingerprint),
         "grow_token": comm.grow_token().to_token(),
     }));
@@ -243,7 +243,7 @@ impl Rank {
     fn run_loop(&mut self) -> Ended {
         let mut iter: u64 = 0;
         emit(
-            json!({"ev": "looping", "epoch": self.comm().epoch().get(), "rank": self.comm().rank(), "world": self.comm().size()}),
+            json!({"ev": "looping", "epoch": self.comm().epoch(), "rank": self.comm().rank(), "world": self.comm().size()}),
         );
         loop {
             while let Ok(c) = self.commands.try_recv() {
@@ -271,8 +271,7 @@ impl Rank {
                     let alive = comm.health().peers.iter().all(|p| {
                         !matches!(
                             p.state,
-                            chorus_protocol::message::PeerState::Dead
-                                | chorus_protocol::message::PeerState::Departed
+                            chorus::PeerCondition::Dead | chorus::PeerCondition::Departed
                         )
                     });
                     let states: Vec<String> = comm
@@ -281,7 +280,7 @@ impl Rank {
                         .iter()
                         .map(|p| format!("{:?}", p.state))
                         .collect();
-                    emit(json!({"ev": "finished", "epoch": comm.epoch().get(),
+                    emit(json!({"ev": "finished", "epoch": comm.epoch(),
                         "rank": comm.rank(), "world": comm.size(), "iters": iter + 1,
                         "peers_alive": alive, "states": states}));
                     self.finish = false;
@@ -324,7 +323,7 @@ impl Rank {
             let want = ranks_sum * ((j % 7) as f64 + 1.0) + world * iter as f64;
             if *got != want {
                 emit(
-                    json!({"ev": "error", "what": "result", "epoch": comm.epoch().get(),
+                    json!({"ev": "error", "what": "result", "epoch": comm.epoch(),
                     "iter": iter, "index": j, "got": got, "want": want}),
                 );
                 std::process::exit(3);
@@ -353,7 +352,7 @@ impl Rank {
             Ok(next) => {
                 emit(
                     json!({"ev": "shrunk", "old_rank": old_rank, "rank": next.rank(),
-                    "world": next.size(), "epoch": next.epoch().get(), "comm": next.id().get(),
+                    "world": next.size(), "epoch": next.epoch(), "comm": next.id().get(),
                     "ms": ms(started.elapsed())}),
                 );
                 let old = self.comm.replace(next);
@@ -381,7 +380,7 @@ impl Rank {
             Ok(next) => {
                 emit(
                     json!({"ev": "grown", "rank": next.rank(), "world": next.size(),
-                    "epoch": next.epoch().get(), "ms": ms(started.elapsed())}),
+                    "epoch": next.epoch(), "ms": ms(started.elapsed())}),
                 );
                 self.comm = Some(next);
             }
@@ -433,12 +432,12 @@ impl Rank {
             .peers
             .iter()
             .map(|p| {
-                json!({"rank": p.rank.get(), "state": format!("{:?}", p.state),
+                json!({"rank": p.rank, "state": format!("{:?}", p.state),
                     "evidence": p.evidence.map(|e| format!("{e:?}"))})
             })
             .collect();
         emit(
-            json!({"ev": "health", "epoch": h.epoch.get(), "world": h.world, "peers": peers,
+            json!({"ev": "health", "epoch": h.epoch, "world": h.world, "peers": peers,
             "async_error": h.async_error.map(|e| e.to_string())}),
         );
     }
@@ -542,10 +541,10 @@ fn report_failure(e: &Error, comm: &Comm) {
     emit(json!({
         "ev": "failed",
         "kind": kind(e),
-        "peer": e.peer.map(|p| p.get()),
+        "peer": e.peer,
         "evidence": e.evidence.map(|ev| format!("{ev:?}")),
         "detail": e.to_string(),
-        "epoch": comm.epoch().get(),
+        "epoch": comm.epoch(),
         "rank": comm.rank(),
     }));
 }
@@ -633,13 +632,4 @@ fn env_u64(var: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn addr(w: &chorus_protocol::message::WireAddr) -> std::net::SocketAddr {
-    let ip = std::net::Ipv6Addr::from(w.ip);
-    let ip = ip
-        .to_ipv4_mapped()
-        .map(std::net::IpAddr::V4)
-        .unwrap_or(std::net::IpAddr::V6(ip));
-    std::net::SocketAddr::new(ip, w.port)
 }

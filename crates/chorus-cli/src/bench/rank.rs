@@ -196,7 +196,7 @@ impl Bench {
                     rank: self.me,
                     new_rank: next.rank(),
                     world: next.size(),
-                    epoch: next.epoch().get(),
+                    epoch: next.epoch(),
                     shrink_ms: started.elapsed().as_secs_f64() * 1e3,
                     t_ns: now_ns(),
                 }

@@ -24,7 +24,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use chorus::{Rank, RootHost};
+use chorus::RootHost;
 use rustix::process::Signal;
 
 pub(crate) use ending::{Cause, How, RankEnd};
@@ -503,7 +503,7 @@ impl Launcher {
         r.end = Some(end.clone());
         if let Some(status) = how.witness_status() {
             // The job learns at once; survivors need not wait for a heartbeat deadline.
-            self.root.witness_exit(Rank(end.rank), status);
+            self.root.witness_exit(end.rank, status);
         }
         if self.stop.is_some() {
             self.progress_at = Some(Instant::now());

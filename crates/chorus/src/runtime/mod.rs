@@ -12,14 +12,19 @@
 //! answer), so every wait of `init`, `shrink`, `grow` and `destroy` is bounded by the
 //! control thread's clock.
 
+pub(crate) mod bootstrap;
 pub(crate) mod clock;
+pub(crate) mod epoch;
+pub(crate) mod host_identity;
 pub(crate) mod lineage;
 pub(crate) mod links;
+pub(crate) mod mailbox;
+pub(crate) mod process_watch;
 pub(crate) mod registry;
 pub(crate) mod root;
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -29,6 +34,7 @@ use chorus_transport::{
     Backend, Identity, Liveness, QuicEndpoint, TcpListener, TcpTransport, TransportConfig,
     TransportError,
 };
+use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::config::{Config, TransportChoice};
@@ -38,7 +44,7 @@ use registry::Registry;
 
 /// The longest `destroy` waits for the control endpoint's remaining closes to leave the
 /// process (the member streams' closes are awaited one by one before this, see
-/// `lineage::Chan::close`; this covers the rest: data connections over QUIC, strays).
+/// `lineage::channels`; this covers the rest: data connections over QUIC, strays).
 const QUIC_DRAIN_MAX: Duration = Duration::from_millis(20);
 
 /// One control thread and the endpoints it serves.
@@ -46,7 +52,7 @@ pub(crate) struct Session {
     pub(crate) config: Config,
     pub(crate) secret: JobSecret,
     pub(crate) identity: Identity,
-    /// This host's identity string (`host::identity`).
+    /// This host's identity string (`host_identity::identity`).
     pub(crate) host: String,
     pub(crate) clock: Clock,
     pub(crate) handle: tokio::runtime::Handle,
@@ -137,9 +143,7 @@ impl Session {
                 "the control thread ended while starting",
             )
         })??;
-        if let Ok(mut slot) = session.exited.lock() {
-            *slot = Some(exited_rx);
-        }
+        *session.exited.lock() = Some(exited_rx);
         Ok(session)
     }
 
@@ -210,7 +214,7 @@ impl Session {
         };
         tracing::debug!(%control_addr, %data_addr, "session bound");
         let session = Arc::new(Session {
-            host: crate::host::identity(),
+            host: host_identity::identity(),
             clock: Clock::new(),
             handle: tokio::runtime::Handle::current(),
             incarnation: rand::random(),
@@ -340,7 +344,7 @@ impl Session {
                     return;
                 };
                 let channel = Arc::new(conn.into_control());
-                let _ = lineage.send(lineage::LineageMsg::Channel {
+                let _ = lineage.send(mailbox::LineageMsg::Channel {
                     peer,
                     epoch,
                     role,
@@ -363,13 +367,12 @@ impl Session {
         // peer stalled), so the wait is capped. A little of the budget is kept for the
         // thread itself to end.
         let drain = Instant::now() + budget.saturating_sub(budget / 8).min(QUIC_DRAIN_MAX);
-        if let Ok(mut stop) = self.stop.lock()
-            && let Some(stop) = stop.take()
+        if let Some(stop) = self.stop.lock().take()
             && stop.send(Some(drain)).is_err()
         {
             self.quic.close(CloseCode::NORMAL, "session closed");
         }
-        let exited = self.exited.lock().ok().and_then(|mut e| e.take());
+        let exited = self.exited.lock().take();
         if let Some(exited) = exited
             && exited.recv_timeout(budget).is_err()
         {
@@ -380,9 +383,7 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if let Ok(mut stop) = self.stop.lock()
-            && let Some(stop) = stop.take()
-        {
+        if let Some(stop) = self.stop.lock().take() {
             let _ = stop.send(None);
         }
     }

@@ -6,20 +6,15 @@
 //! communicator or epoch is refused with `unknown-comm`, so a stranger or a stale peer is
 //! turned away before it costs anything), and route what they admit to the right place.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use chorus_engine::Link;
 use chorus_protocol::message::Role;
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 use tokio::sync::{mpsc, oneshot};
 
-use super::lineage::LineageMsg;
-
-/// A data link as the engine holds it.
-pub(crate) type DataLink = Arc<dyn Link<Bytes>>;
+use super::mailbox::{DataLink, LineageMsg};
 
 /// How many inbound data links may wait unclaimed at once: a peer cannot make this process
 /// hold more than this many connections for epochs it has not set up yet.
@@ -48,9 +43,7 @@ struct CommEntry {
 
 impl Registry {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Every critical section is a handful of map operations that cannot leave the maps
-        // half-updated, so a poisoned lock is still consistent.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 
     /// Serve `comm` at `epoch` as `rank`, its control traffic going to `lineage`.

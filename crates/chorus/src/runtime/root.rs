@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -24,11 +24,13 @@ use chorus_protocol::{CloseCode, CommId, Envelope, Epoch, JobSecret, Rank};
 use chorus_transport::{
     Admission, ControlChannel, Fingerprint, Identity, Liveness, QuicEndpoint, TransportError,
 };
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Clock, socket_addr, tokio_instant};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
+use crate::introspection::Member;
 use crate::unique_id::{UniqueId, random_secret};
 
 /// A running bootstrap root. Dropping it stops the root (bounded by the teardown budget).
@@ -166,8 +168,11 @@ impl RootHost {
     }
 
     /// The peer table, once every rank has joined.
-    pub fn members(&self) -> Option<Vec<PeerInfo>> {
-        self.members.lock().ok().and_then(|m| m.clone())
+    pub fn members(&self) -> Option<Vec<Member>> {
+        let members = self.members.lock();
+        members
+            .as_ref()
+            .map(|m| m.iter().map(Member::from).collect())
     }
 
     /// Tells the job that `rank`'s process exited with `status` (negative: killed by that
@@ -176,10 +181,10 @@ impl RootHost {
     /// the init deadline for it). After, a `Notice` with `LauncherWitness` evidence goes to
     /// up to three of its neighbours, which spread it. Best effort and bounded; it returns
     /// at once. Valid for the first epoch's numbering.
-    pub fn witness_exit(&self, rank: Rank, status: i32) {
+    pub fn witness_exit(&self, rank: u32, status: i32) {
         // The serving task decides which of the two applies, so an exit that races the
         // last join is still told to someone.
-        let _ = self.exits.send((rank, status));
+        let _ = self.exits.send((Rank(rank), status));
     }
 }
 
@@ -239,7 +244,7 @@ impl Drop for RootHost {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        let exited = self.exited.lock().ok().and_then(|mut e| e.take());
+        let exited = self.exited.lock().take();
         if let Some(exited) = exited
             && exited.recv_timeout(self.teardown).is_err()
         {
@@ -362,7 +367,7 @@ async fn serve(
             Some((rank, status)) = exits.recv() => {
                 if rendezvous.outcome().is_none() {
                     rendezvous.handle_exited(rank, status);
-                } else if let Some(table) = members.lock().ok().and_then(|m| m.clone()) {
+                } else if let Some(table) = members.lock().clone() {
                     tokio::spawn(witness(quic.clone(), comm, table, rank, status));
                 }
             }
@@ -410,11 +415,7 @@ async fn answer_status(ch: ControlChannel, world: u32, members: Arc<Mutex<Option
             continue;
         };
         let table = if request.with_members {
-            members
-                .lock()
-                .ok()
-                .and_then(|m| m.clone())
-                .unwrap_or_default()
+            members.lock().clone().unwrap_or_default()
         } else {
             Vec::new()
         };
@@ -436,7 +437,5 @@ async fn answer_status(ch: ControlChannel, world: u32, members: Arc<Mutex<Option
 }
 
 fn store(members: &Mutex<Option<Vec<PeerInfo>>>, welcome: &Welcome) {
-    if let Ok(mut m) = members.lock() {
-        *m = Some(welcome.members.clone());
-    }
+    *members.lock() = Some(welcome.members.clone());
 }

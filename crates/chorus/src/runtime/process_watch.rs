@@ -4,7 +4,7 @@
 //! (SIGKILL included), without polling and without the peer's cooperation.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use rustix::process::{Pid, PidfdFlags, pidfd_open};
 use tokio::io::Interest;
@@ -12,15 +12,14 @@ use tokio::io::unix::AsyncFd;
 
 /// A handle on another process of this host that becomes readable when it exits.
 #[derive(Debug)]
-pub struct ProcessWatch {
-    pid: u32,
+pub(crate) struct ProcessWatch {
     fd: AsyncFd<OwnedFd>,
 }
 
 impl ProcessWatch {
     /// Starts watching `pid`. Must be called inside a tokio runtime with IO enabled.
     /// Fails with `NotFound` if the process is already gone (itself evidence of exit).
-    pub fn open(pid: u32) -> io::Result<Self> {
+    pub(crate) fn open(pid: u32) -> io::Result<Self> {
         let raw = i32::try_from(pid)
             .ok()
             .and_then(Pid::from_raw)
@@ -40,23 +39,21 @@ impl ProcessWatch {
         // while registered.
         let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
             .map_err(io::Error::from)?;
-        Ok(ProcessWatch { pid, fd })
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.pid
+        Ok(ProcessWatch { fd })
     }
 
     /// Resolves once the process has exited. A pidfd becomes readable exactly then and
     /// stays readable, so there is no readiness to clear.
-    pub async fn exited(&self) -> io::Result<()> {
+    pub(crate) async fn exited(&self) -> io::Result<()> {
         let _guard = self.fd.readable().await?;
         Ok(())
     }
 
     /// True if the process has already exited (non-blocking check).
-    pub fn has_exited(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_exited(&self) -> bool {
         use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        use std::os::fd::AsFd;
         let fd = self.fd.get_ref().as_fd();
         let mut fds = [PollFd::new(&fd, PollFlags::IN)];
         matches!(poll(&mut fds, Some(&Timespec::default())), Ok(n) if n > 0)

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 /// `hostname#<12 hex digits>`: equal for two processes exactly when both run under the same
 /// kernel boot and pid namespace (so `PeerInfo.pid` can be watched with pidfd).
-pub fn identity() -> String {
+pub(crate) fn identity() -> String {
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "unknown".into());
@@ -28,7 +28,7 @@ pub fn identity() -> String {
 
 /// True when `other` (a peer's `PeerInfo.host`) names this host and pid namespace. Without
 /// a boot id or namespace to compare (no `/proc`), nothing is considered same-host.
-pub fn is_local(mine: &str, other: &str) -> bool {
+pub(crate) fn is_local(mine: &str, other: &str) -> bool {
     mine == other && !mine.starts_with("unknown#")
 }
 
