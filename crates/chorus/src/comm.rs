@@ -27,8 +27,8 @@ use crate::element::{Element, bytes, bytes_mut};
 use crate::error::{Error, ErrorKind, Result, from_abort, from_op};
 use crate::launch::{self, RootSpec};
 use crate::recorder::Recorder;
-use crate::runtime::lineage::{self, Driver, EpochHooks, LineageMsg, NextEpoch, Request, Shared};
-use crate::runtime::registry::DataLink;
+use crate::runtime::lineage::{self, LineageTask, Shared};
+use crate::runtime::mailbox::{DataLink, EpochHooks, LineageMsg, NextEpoch, Request};
 use crate::runtime::root::RootHost;
 use crate::runtime::{Session, links, millis, socket_addr, tokio_instant};
 use crate::signal;
@@ -532,7 +532,7 @@ impl Comm {
             err.evidence = why.evidence;
         }
         // A revoke that overtook a departure's own news (it is what revokes an epoch under
-        // running operations, see `lineage::Driver::on_data_departed`) names the departure
+        // running operations, see `lineage::policy::Policy::data_departed`) names the departure
         // once this member's link to the leaver carries it.
         if err.kind == ErrorKind::Revoked
             && let Some(peer) = self.departed_on_links(err.waiting_on)
@@ -945,7 +945,7 @@ async fn start_lineage(
 ) -> Result<(Arc<LineageHandle>, Arc<EpochState>)> {
     let Inbox { tx, rx } = inbox;
     let shared = Arc::new(Shared::default());
-    let driver = Driver::new(
+    let task = LineageTask::new(
         session.clone(),
         &welcome,
         me,
@@ -953,7 +953,7 @@ async fn start_lineage(
         tx.clone(),
         shared.clone(),
     )?;
-    session.handle.spawn(driver.run());
+    session.handle.spawn(task.run());
     let lineage = Arc::new(LineageHandle {
         handle: lineage::Handle { tx, shared },
     });

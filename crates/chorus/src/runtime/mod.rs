@@ -15,6 +15,7 @@
 pub(crate) mod clock;
 pub(crate) mod lineage;
 pub(crate) mod links;
+pub(crate) mod mailbox;
 pub(crate) mod registry;
 pub(crate) mod root;
 
@@ -38,7 +39,7 @@ use registry::Registry;
 
 /// The longest `destroy` waits for the control endpoint's remaining closes to leave the
 /// process (the member streams' closes are awaited one by one before this, see
-/// `lineage::Chan::close`; this covers the rest: data connections over QUIC, strays).
+/// `lineage::channels`; this covers the rest: data connections over QUIC, strays).
 const QUIC_DRAIN_MAX: Duration = Duration::from_millis(20);
 
 /// One control thread and the endpoints it serves.
@@ -340,7 +341,7 @@ impl Session {
                     return;
                 };
                 let channel = Arc::new(conn.into_control());
-                let _ = lineage.send(lineage::LineageMsg::Channel {
+                let _ = lineage.send(mailbox::LineageMsg::Channel {
                     peer,
                     epoch,
                     role,
