@@ -6,6 +6,7 @@ use chorus_protocol::message::{Ballot, Evidence, PeerInfo, RevokeCause};
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 
 use crate::plan::Plan;
+use crate::quorum::NoQuorum;
 
 /// Something the application (or the runtime on its behalf) must know.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,6 +54,14 @@ pub enum Event {
         votes: u32,
         needed: u32,
     },
+    /// The shrink this member's application asked for at `epoch` will not be decided for
+    /// it: its view cannot reach a quorum, or the request's deadline
+    /// ([`crate::Config::request_timeout`]) passed. The node stays a member (it still answers
+    /// other coordinators), but coordinates no round it cannot win.
+    AgreementFailed {
+        epoch: Epoch,
+        failure: AgreementFailure,
+    },
     /// This member was removed or declared dead and must not act at `epoch` or later. The
     /// node is inert from now on.
     Evicted { epoch: Epoch, cause: Eviction },
@@ -85,6 +94,15 @@ impl Agreed {
     pub fn world(&self) -> u32 {
         self.plan.world()
     }
+}
+
+/// Why a requested agreement was given up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgreementFailure {
+    /// This member's view holds fewer live members than the quorum needs.
+    NoQuorum(NoQuorum),
+    /// Nothing was decided within `waited` of the request.
+    Timeout { waited: Duration },
 }
 
 /// Why a member was evicted.

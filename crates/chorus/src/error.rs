@@ -397,7 +397,10 @@ mod tests {
 
     #[test]
     fn a_minority_cannot_recover_by_shrinking() {
-        let e = Error::new(ErrorKind::NoQuorum, "3 of 4 members silent, majority needs 3");
+        let e = Error::new(
+            ErrorKind::NoQuorum,
+            "3 of 4 members silent, majority needs 3",
+        );
         assert!(e.to_string().starts_with("[chorus:no-quorum]"), "{e}");
         assert!(!e.is_recoverable_by_shrink());
     }
