@@ -12,7 +12,9 @@
 //! answer), so every wait of `init`, `shrink`, `grow` and `destroy` is bounded by the
 //! control thread's clock.
 
+pub(crate) mod bootstrap;
 pub(crate) mod clock;
+pub(crate) mod epoch;
 pub(crate) mod lineage;
 pub(crate) mod links;
 pub(crate) mod mailbox;
