@@ -46,8 +46,9 @@ pub enum Event {
     /// The members agreed on the next epoch; this member is `agreed.rank` in it.
     MembershipAgreed(Agreed),
     /// An agreement round at `epoch` ended without enough votes (`votes` of `needed`); the
-    /// coordinator retries with a higher ballot. Under `Quorum::Majority` this repeats for
-    /// as long as half the members or more are unreachable.
+    /// coordinator retries with a higher ballot. It repeats while votes that its view counts
+    /// on do not arrive (lost, or members not yet declared absent); a coordinator whose view
+    /// cannot reach a quorum starts no round at all (see [`Event::AgreementFailed`]).
     AgreementStalled {
         epoch: Epoch,
         ballot: Ballot,
