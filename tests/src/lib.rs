@@ -6,12 +6,16 @@
 //!   (signals), and always reaps every process it started, forked grandchildren included.
 //! - [`reap`]: the process-group bookkeeping behind that promise (test 9).
 //! - [`probe`]: clients that send bad input to a job's listening ports.
+//! - [`netns`]: a network namespace of the caller's own with an nftables cut, and [`cut`]:
+//!   the run that silences one rank inside it (the partitioned-minority test and figures).
 //! - [`clock`]: the host-wide monotonic clock the ranks report in.
 //! - [`stats`]: percentiles for the figures.
 
 pub mod clock;
+pub mod cut;
 pub mod event;
 pub mod job;
+pub mod netns;
 pub mod probe;
 pub mod reap;
 pub mod stats;

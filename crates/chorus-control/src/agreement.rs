@@ -47,6 +47,7 @@ use crate::event::Event;
 use crate::outbox::Outbox;
 use crate::overlay::Ring;
 use crate::plan::Plan;
+use crate::quorum::reach;
 use crate::time::Instant;
 use crate::transmit::Transmit;
 use crate::view::View;
@@ -442,8 +443,22 @@ impl Agreement {
         self.progress = now;
     }
 
-    /// Claims a new ballot and sends `Prepare` to every present member.
+    /// This member's view can no longer reach a quorum (see [`crate::quorum`]): drop the
+    /// round it coordinates and wait for nothing. It still answers other coordinators, and
+    /// a `Prepare` engages it again as an acceptor.
+    pub(crate) fn give_up(&mut self) {
+        self.round = None;
+        self.engaged = false;
+        self.kick = false;
+    }
+
+    /// Claims a new ballot and sends `Prepare` to every present member; none when this
+    /// member's view cannot reach a quorum (it would only stall, and retry, forever).
     fn start(&mut self, ctx: &Ctx<'_>, out: &mut Outbox) -> Option<Commit> {
+        if reach(ctx.view.world(), ctx.absent, ctx.config.quorum).is_err() {
+            self.give_up();
+            return None;
+        }
         let Some(round) = self.max_round.checked_add(1) else {
             tracing::error!(epoch = %ctx.view.epoch(), "agreement rounds exhausted at this epoch");
             return None;

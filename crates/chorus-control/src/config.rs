@@ -26,13 +26,17 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+/// The default of [`Config::request_timeout`].
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How many votes an agreement needs.
 #[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
 pub enum Quorum {
     /// A strict majority of the epoch's members must promise and accept. Two disjoint groups
     /// can never both commit, so a network partition cannot split the communicator; the
     /// price is that a side with half the members or fewer (including a 2-rank world that
-    /// lost one) cannot shrink and reports [`crate::Event::AgreementStalled`] instead.
+    /// lost one) cannot shrink: a member whose own view is such a side fails its shrink at
+    /// once with [`crate::NoQuorum`].
     #[default]
     Majority,
     /// Every member not known absent must promise and accept: any number of failures can be
@@ -64,6 +68,11 @@ pub struct Config {
     /// over. Longer than the deadline, so a member that died mid-round is normally declared
     /// dead (and stops being waited for) first. Default: one and a half deadlines (3 s).
     pub agreement_timeout: Duration,
+    /// How long the local application's shrink request waits for a decision before the node
+    /// gives up with [`crate::Event::AgreementFailed`] (timeout): one deadline from the
+    /// request, never restarted by a round, a retransmit or a takeover. Default 30 s (the
+    /// runtime sets it from `CHORUS_AGREE_TIMEOUT`).
+    pub request_timeout: Duration,
     /// How often a coordinator resends its current phase to members that have not answered
     /// (covers lost frames). Default: two heartbeat intervals.
     pub retransmit: Duration,
@@ -89,6 +98,7 @@ impl Config {
             observers: 2,
             quorum: Quorum::Majority,
             agreement_timeout: deadline + deadline / 2,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             retransmit: heartbeat_interval * 2,
             stall_tolerance: heartbeat_interval / 4,
         }
@@ -116,6 +126,9 @@ impl Config {
         }
         if self.agreement_timeout.is_zero() {
             return Err(ConfigError::ZeroAgreementTimeout);
+        }
+        if self.request_timeout.is_zero() {
+            return Err(ConfigError::ZeroRequestTimeout);
         }
         if self.retransmit.is_zero() {
             return Err(ConfigError::ZeroRetransmit);
@@ -145,6 +158,8 @@ pub enum ConfigError {
     NoObservers,
     #[error("agreement timeout is zero")]
     ZeroAgreementTimeout,
+    #[error("request timeout is zero")]
+    ZeroRequestTimeout,
     #[error("retransmit interval is zero")]
     ZeroRetransmit,
 }

@@ -6,6 +6,7 @@ use chorus_protocol::message::{Ballot, Evidence, PeerInfo, RevokeCause};
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 
 use crate::plan::Plan;
+use crate::quorum::NoQuorum;
 
 /// Something the application (or the runtime on its behalf) must know.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,13 +46,22 @@ pub enum Event {
     /// The members agreed on the next epoch; this member is `agreed.rank` in it.
     MembershipAgreed(Agreed),
     /// An agreement round at `epoch` ended without enough votes (`votes` of `needed`); the
-    /// coordinator retries with a higher ballot. Under `Quorum::Majority` this repeats for
-    /// as long as half the members or more are unreachable.
+    /// coordinator retries with a higher ballot. It repeats while votes that its view counts
+    /// on do not arrive (lost, or members not yet declared absent); a coordinator whose view
+    /// cannot reach a quorum starts no round at all (see [`Event::AgreementFailed`]).
     AgreementStalled {
         epoch: Epoch,
         ballot: Ballot,
         votes: u32,
         needed: u32,
+    },
+    /// The shrink this member's application asked for at `epoch` will not be decided for
+    /// it: its view cannot reach a quorum, or the request's deadline
+    /// ([`crate::Config::request_timeout`]) passed. The node stays a member (it still answers
+    /// other coordinators), but coordinates no round it cannot win.
+    AgreementFailed {
+        epoch: Epoch,
+        failure: AgreementFailure,
     },
     /// This member was removed or declared dead and must not act at `epoch` or later. The
     /// node is inert from now on.
@@ -85,6 +95,15 @@ impl Agreed {
     pub fn world(&self) -> u32 {
         self.plan.world()
     }
+}
+
+/// Why a requested agreement was given up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgreementFailure {
+    /// This member's view holds fewer live members than the quorum needs.
+    NoQuorum(NoQuorum),
+    /// Nothing was decided within `waited` of the request.
+    Timeout { waited: Duration },
 }
 
 /// Why a member was evicted.

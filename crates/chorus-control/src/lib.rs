@@ -42,6 +42,9 @@
 //!   coordinator is replaced by a higher ballot; a value accepted before a crash is the
 //!   one re-proposed. Members that missed the commit get it back when they next send a
 //!   frame of the old epoch.
+//! - **Giving up.** A member whose own view holds fewer live members than the quorum needs
+//!   fails its shrink at once with [`Event::AgreementFailed`] ([`NoQuorum`]) and starts no
+//!   round; any other request fails at its one deadline ([`Config::request_timeout`]).
 //! - **Eviction.** A rank that learns it was removed, or declared dead while it was
 //!   stalled, gets [`Event::Evicted`] and goes inert.
 
@@ -60,6 +63,8 @@ pub mod node;
 mod outbox;
 pub mod overlay;
 pub mod plan;
+pub mod quorum;
+mod request;
 mod revoke;
 #[cfg(feature = "testkit")]
 pub mod sim;
@@ -70,11 +75,12 @@ pub mod view;
 pub use bootstrap::{BootstrapError, JoinError, Rendezvous};
 pub use config::{Config, ConfigError, Quorum};
 pub use error::InputError;
-pub use event::{Agreed, Event, Eviction};
+pub use event::{Agreed, AgreementFailure, Event, Eviction};
 pub use input::{Command, Input, Received, Witness};
 pub use ledger::{Ledger, PeerRecord};
 pub use node::{Node, Stats, Status};
 pub use plan::{Plan, PlanError};
+pub use quorum::NoQuorum;
 pub use time::Instant;
 pub use transmit::{ConnectionIntent, Transmit};
 pub use view::{View, ViewError};

@@ -41,6 +41,8 @@ use crate::ledger::Ledger;
 use crate::outbox::Outbox;
 use crate::overlay::Ring;
 use crate::plan::Plan;
+use crate::quorum::reach;
+use crate::request::Request;
 use crate::revoke::Revocation;
 use crate::time::{Instant, millis};
 use crate::transmit::{ConnectionIntent, Transmit};
@@ -113,6 +115,8 @@ pub struct Node {
     fingers: Fingers,
     revocation: Revocation,
     agreement: Agreement,
+    /// The application's pending shrink and its one deadline.
+    request: Request,
     history: VecDeque<(Commit, u32, Instant)>,
     links: BTreeSet<Rank>,
     next_wake: Option<Instant>,
@@ -138,6 +142,7 @@ impl Node {
             fingers: Fingers::default(),
             revocation: Revocation::default(),
             agreement: Agreement::new(now, Vec::new()),
+            request: Request::default(),
             history: VecDeque::new(),
             links: BTreeSet::new(),
             next_wake: None,
@@ -473,6 +478,10 @@ impl Node {
                 );
             }
             Command::Shrink => {
+                self.request.ask(now, self.config.request_timeout);
+                if self.no_quorum() {
+                    return Ok(());
+                }
                 let (agreement, ctx, out) = self.agreement_parts(now);
                 let decided = agreement.request(&ctx, out);
                 self.decided(decided, now);
@@ -703,6 +712,9 @@ impl Node {
             self.stats.notices += 1;
             self.send(to, epoch, Message::Notice(notice));
         }
+        if self.no_quorum() {
+            return;
+        }
         let (agreement, ctx, out) = self.agreement_parts(now);
         let decided = agreement.on_view_change(&ctx, out);
         self.decided(decided, now);
@@ -813,6 +825,30 @@ impl Node {
         let (agreement, ctx, out) = self.agreement_parts(now);
         let decided = agreement.on_timeout(&ctx, out);
         self.decided(decided, now);
+        if self.view.epoch() == epoch
+            && let Some(event) = self.request.expired(epoch, now)
+        {
+            tracing::warn!(at = %now, rank = %self.view.rank(), %epoch, "shrink request timed out");
+            self.out.events.push_back(event);
+        }
+    }
+
+    /// With a shrink requested, checks that this member's view can still reach a quorum;
+    /// if not, answers the request with `NoQuorum` at once and stops coordinating (see
+    /// [`crate::quorum`]). True when it gave up.
+    fn no_quorum(&mut self) -> bool {
+        if !self.request.is_pending() {
+            return false;
+        }
+        let Err(verdict) = reach(self.view.world(), self.ledger.absent(), self.config.quorum)
+        else {
+            return false;
+        };
+        tracing::warn!(rank = %self.view.rank(), epoch = %self.view.epoch(), %verdict, "shrink cannot reach a quorum");
+        self.agreement.give_up();
+        let event = self.request.no_quorum(self.view.epoch(), verdict);
+        self.out.events.push_back(event);
+        true
     }
 
     fn compute_next_wake(&self, now: Instant) -> Option<Instant> {
@@ -827,6 +863,9 @@ impl Node {
         };
         let mut next = self.detector.next_deadline();
         if let Some(at) = self.agreement.next_deadline(&ctx) {
+            next = next.min(at);
+        }
+        if let Some(at) = self.request.deadline() {
             next = next.min(at);
         }
         Some(next)
@@ -905,6 +944,7 @@ impl Node {
             .cloned()
             .collect();
         self.agreement = Agreement::new(now, leftover);
+        self.request.answered();
         self.detector.renumber(|r| plan.new_rank(r));
         self.reset_overlay(now);
         self.detector.heartbeat_now(now);

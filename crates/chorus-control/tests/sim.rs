@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use chorus_control::Quorum;
 use chorus_control::sim::{self, Fault, FaultKind, Report, Scenario, secs};
+use chorus_control::{AgreementFailure, Quorum};
 use chorus_protocol::message::Kind;
 
 /// Random scenarios per batch. Debug builds run fewer per batch (same coverage per seed;
@@ -264,9 +264,18 @@ fn a_minority_cannot_agree_under_majority_quorum() {
     scenario.end = secs(14.0);
     let report = sim::run(scenario.clone());
     assert_eq!(report.final_epoch, 0, "4 of 8 is not a majority: {report}");
-    assert!(
-        report.stalls > 0,
-        "the coordinator reports the stalled round: {report}"
+    // Every survivor knows it at once and says so, instead of stalling round after round.
+    for proc in 4..8 {
+        assert!(
+            report.gave_up.iter().any(|g| g.proc == proc
+                && matches!(&g.failure, AgreementFailure::NoQuorum(nq) if nq.live == 4 && nq.needed == 5)),
+            "proc {proc} did not fail its shrink with no-quorum: {:?}\n{report}",
+            report.gave_up
+        );
+    }
+    assert_eq!(
+        report.stalls, 0,
+        "no round is started that cannot win: {report}"
     );
     // With the survivors quorum the same failure is survivable.
     scenario.config.quorum = Quorum::Survivors;
@@ -304,4 +313,117 @@ fn ten_thousand_ranks() {
         report.evictions, 2,
         "both frozen ranks learned they were evicted: {report}"
     );
+}
+
+/// `ranks` members with 1 s deadlines, the application shrinking on every absence, and
+/// processes `lo..hi` cut off from the others from 2 s to the end (alive, but silent: no
+/// close, no reset).
+fn cut_off(seed: u64, ranks: u32, lo: u32, hi: u32) -> Scenario {
+    let mut s = Scenario::quiet(seed, ranks);
+    s.config =
+        chorus_control::Config::from_timing(Duration::from_millis(100), Duration::from_secs(1));
+    s.shrink = Some(Duration::from_millis(5));
+    s.end = secs(8.0);
+    s.net.partitions.push(sim::Partition {
+        lo,
+        hi,
+        from: secs(2.0),
+        until: s.end,
+    });
+    s
+}
+
+/// The cut-off minority fails its shrink with no-quorum within one deadline plus one round
+/// trip of asking, and never installs a membership; the majority agrees and goes on.
+fn minority_gives_up(ranks: u32, lo: u32, hi: u32) {
+    for seed in 0..8 {
+        let scenario = cut_off(1900 + seed, ranks, lo, hi);
+        let report = sim::run(scenario.clone());
+        let replay = format!("seed {} ({})", scenario.seed, scenario.summary());
+        let bound = scenario.config.deadline + scenario.net.max_latency() * 2;
+        for proc in lo..hi {
+            let gave: Vec<_> = report.gave_up.iter().filter(|g| g.proc == proc).collect();
+            let Some(g) = gave.first() else {
+                panic!("{replay}: proc {proc} never gave up its shrink\n{report}");
+            };
+            assert!(
+                matches!(&g.failure, AgreementFailure::NoQuorum(nq) if nq.live < nq.needed),
+                "{replay}: proc {proc}: {:?}",
+                g.failure
+            );
+            let waited = g.at.saturating_since(g.asked);
+            assert!(
+                waited <= bound,
+                "{replay}: proc {proc} gave up {waited:?} after asking, bound {bound:?}"
+            );
+            assert_eq!(
+                report.installed[proc as usize], 0,
+                "{replay}: minority proc {proc} decided a membership of its own"
+            );
+        }
+        for proc in (0..ranks).filter(|p| !(lo..hi).contains(p)) {
+            assert!(
+                report.gave_up.iter().all(|g| g.proc != proc),
+                "{replay}: majority proc {proc} gave up\n{report}"
+            );
+            assert_eq!(
+                report.installed[proc as usize], 1,
+                "{replay}: majority proc {proc} did not agree\n{report}"
+            );
+        }
+        assert_passed(scenario, &report);
+    }
+}
+
+#[test]
+fn a_cut_off_rank_of_four_fails_its_shrink_with_no_quorum_at_once() {
+    minority_gives_up(4, 2, 3);
+}
+
+#[test]
+fn a_cut_off_pair_of_five_fails_its_shrink_with_no_quorum_at_once() {
+    // The pair 3-4 is the harder case: between them they watch only 1 and 2 at first, and
+    // learn of 0 only once they start watching it.
+    minority_gives_up(5, 3, 5);
+    minority_gives_up(5, 0, 2);
+}
+
+#[test]
+fn a_shrink_whose_agreement_never_arrives_times_out_at_its_own_deadline() {
+    for seed in 0..4 {
+        let mut scenario = Scenario::quiet(1950 + seed, 4);
+        scenario.shrink = Some(Duration::from_millis(5));
+        scenario.net.drop = vec![
+            Kind::Prepare,
+            Kind::Promise,
+            Kind::Propose,
+            Kind::Accept,
+            Kind::Commit,
+        ];
+        scenario.faults.push(Fault {
+            at: secs(2.0),
+            proc: 3,
+            kind: FaultKind::Crash,
+        });
+        let timeout = scenario.config.request_timeout;
+        scenario.end = secs(4.0) + timeout * 2;
+        let report = sim::run(scenario.clone());
+        let replay = format!("seed {} ({})", scenario.seed, scenario.summary());
+        for proc in 0..3 {
+            let gave: Vec<_> = report.gave_up.iter().filter(|g| g.proc == proc).collect();
+            assert_eq!(gave.len(), 1, "{replay}: proc {proc}: {gave:?}\n{report}");
+            let g = gave[0];
+            assert!(
+                matches!(g.failure, AgreementFailure::Timeout { waited } if waited == timeout),
+                "{replay}: proc {proc}: {:?}",
+                g.failure
+            );
+            let waited = g.at.saturating_since(g.asked);
+            assert!(
+                waited >= timeout && waited <= timeout + timeout / 5,
+                "{replay}: proc {proc} waited {waited:?}, timeout {timeout:?}"
+            );
+        }
+        assert_eq!(report.final_epoch, 0, "{replay}: {report}");
+    }
 }

@@ -24,6 +24,9 @@ pub enum ErrorKind {
     Revoked,
     /// This member was declared dead by the others and is no longer part of the job.
     Evicted,
+    /// This member's own view holds fewer live members than the quorum needs: it cannot win
+    /// an agreement, so it gave up at once instead of deciding a membership of its own.
+    NoQuorum,
     /// Ranks called different collectives (or with different arguments).
     Mismatch,
     /// The caller passed something unusable (buffer sizes, root out of range, ...).
@@ -54,6 +57,7 @@ impl ErrorKind {
             ErrorKind::Timeout => "[chorus:timeout]",
             ErrorKind::Revoked => "[chorus:revoked]",
             ErrorKind::Evicted => "[chorus:evicted]",
+            ErrorKind::NoQuorum => "[chorus:no-quorum]",
             ErrorKind::Mismatch => "[chorus:mismatch]",
             ErrorKind::InvalidArgument => "[chorus:invalid-argument]",
             ErrorKind::Config => "[chorus:config]",
@@ -67,13 +71,14 @@ impl ErrorKind {
     }
 
     /// Every kind, for tests and for parsers of the token.
-    pub const ALL: [ErrorKind; 15] = [
+    pub const ALL: [ErrorKind; 16] = [
         ErrorKind::Aborted,
         ErrorKind::PeerFailed,
         ErrorKind::PeerDeparted,
         ErrorKind::Timeout,
         ErrorKind::Revoked,
         ErrorKind::Evicted,
+        ErrorKind::NoQuorum,
         ErrorKind::Mismatch,
         ErrorKind::InvalidArgument,
         ErrorKind::Config,
@@ -399,6 +404,16 @@ mod tests {
                 .ends_with("(peer r2, process exited (status unknown))"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_minority_cannot_recover_by_shrinking() {
+        let e = Error::new(
+            ErrorKind::NoQuorum,
+            "3 of 4 members silent, majority needs 3",
+        );
+        assert!(e.to_string().starts_with("[chorus:no-quorum]"), "{e}");
+        assert!(!e.is_recoverable_by_shrink());
     }
 
     #[test]

@@ -10,11 +10,18 @@
 //! - init time at 8 and 32 ranks: each rank's `Comm::from_env` call, and the whole job from
 //!   the first process started to the last rank ready.
 //!
+//! `chorus-figures cut` measures one thing instead: a rank of 4 cut off from every peer
+//! while alive (its packets dropped in a network namespace of its own, as
+//! `tests/tests/partition.rs` does; needs root, `ip` and `nft`), the time it spends in the
+//! `shrink()` that fails with `no-quorum`, from the cut to that return, and the others'
+//! `shrink()`; heartbeats every tenth of the deadline (default `--deadline 1s`).
+//!
 //! Build everything first, then run (the rank program is found beside this binary):
 //!
 //! ```sh
 //! cargo build --release -p chorus-tests --bins
 //! target/release/chorus-figures [--repeats N] [--heartbeat 200ms --deadline 2s]
+//! target/release/chorus-figures cut [--repeats 20] [--deadline 1s]
 //! ```
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a report on stdout, progress on stderr
@@ -31,6 +38,8 @@ use rand::{Rng, SeedableRng};
 const WAIT: Duration = Duration::from_secs(60);
 
 struct Opts {
+    /// `chorus-figures cut`: only the cut-off minority's figures.
+    cut: bool,
     repeats: usize,
     heartbeat: String,
     deadline: String,
@@ -39,6 +48,10 @@ struct Opts {
 
 fn main() {
     let opts = parse_args();
+    if opts.cut {
+        cut_figures(&opts);
+        return;
+    }
     let started = Instant::now();
     let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
     let r = opts.repeats;
@@ -126,9 +139,69 @@ fn main() {
         r,
         started.elapsed().as_secs_f64()
     );
+    table(&rows);
+}
+
+/// `chorus-figures cut`: the cut-off minority of one of 4, `--repeats` times.
+fn cut_figures(opts: &Opts) {
+    let started = Instant::now();
+    let deadline = parse_duration(&opts.deadline).unwrap_or_else(|| usage("--deadline 1s"));
+    let ns = chorus_tests::netns::Netns::enter("figures").unwrap_or_else(|why| {
+        eprintln!("chorus-figures: cannot cut a rank off here: {why}");
+        std::process::exit(1);
+    });
+    let (mut shrink, mut after_cut, mut majority) = (Vec::new(), Vec::new(), Vec::new());
+    // A run in which a rank does something else than the scenario says panics with every
+    // rank's reports (on stderr); it is counted, not measured, and another run takes its
+    // place, up to as many again.
+    let mut failed = 0;
+    while shrink.len() < opts.repeats && failed < opts.repeats {
+        progress(&format!(
+            "cut-off rank of 4 {}/{} ({failed} failed)",
+            shrink.len() + 1,
+            opts.repeats
+        ));
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            chorus_tests::cut::run(&ns, &opts.bin, 4, deadline)
+        }));
+        match attempt {
+            Ok(run) => {
+                shrink.push(run.shrink_ms);
+                after_cut.push(run.cut_to_no_quorum_ms);
+                majority.extend(run.majority_shrink_ms);
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    drop(ns);
+    println!(
+        "heartbeat {:?} / deadline {:?}, loopback in a network namespace, rank 3 of 4 cut \
+         off by nftables, {} runs measured, {failed} failed, {:.0} s\n",
+        deadline / 10,
+        deadline,
+        shrink.len(),
+        started.elapsed().as_secs_f64()
+    );
+    table(&[
+        ("minority shrink() until no-quorum (ms)".into(), shrink),
+        ("cut to the minority's no-quorum (ms)".into(), after_cut),
+        ("majority shrink(), 4 -> 3 ranks (ms)".into(), majority),
+    ]);
+}
+
+/// `1s`, `1.5s` or `800ms`.
+fn parse_duration(s: &str) -> Option<Duration> {
+    if let Some(ms) = s.strip_suffix("ms") {
+        return ms.parse().ok().map(Duration::from_millis);
+    }
+    let secs: f64 = s.strip_suffix('s')?.parse().ok()?;
+    (secs.is_finite() && secs > 0.0).then(|| Duration::from_secs_f64(secs))
+}
+
+fn table(rows: &[(String, Vec<f64>)]) {
     println!("| figure | n | p50 | p99 | max |");
     println!("|---|---:|---:|---:|---:|");
-    for (name, samples) in &rows {
+    for (name, samples) in rows {
         println!(
             "| {name} | {} | {:.1} | {:.1} | {:.1} |",
             samples.len(),
@@ -238,12 +311,19 @@ fn progress(what: &str) {
 
 fn parse_args() -> Opts {
     let mut opts = Opts {
+        cut: false,
         repeats: 10,
         heartbeat: "200ms".into(),
         deadline: "2s".into(),
         bin: rank_program(),
     };
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("cut") {
+        args.next();
+        opts.cut = true;
+        opts.repeats = 20;
+        opts.deadline = "1s".into();
+    }
     while let Some(a) = args.next() {
         let mut value = || {
             args.next()
@@ -280,7 +360,8 @@ fn rank_program() -> PathBuf {
 fn usage(why: &str) -> ! {
     eprintln!(
         "chorus-figures: {why}\nusage: chorus-figures [--repeats N] [--heartbeat 200ms] \
-         [--deadline 2s] [--rank-program PATH]"
+         [--deadline 2s] [--rank-program PATH]\n       chorus-figures cut [--repeats 20] \
+         [--deadline 1s] [--rank-program PATH]"
     );
     std::process::exit(2);
 }

@@ -121,6 +121,17 @@ pub(crate) fn run(args: BenchArgs) -> Verdict {
     if verdict == Verdict::Ok && (wrong > 0 || !complete || !sweep.fatal.is_empty()) {
         verdict = Verdict::RankFailed;
     }
+    if complete && !sweep.fatal.is_empty() {
+        let lost: Vec<String> = sweep.fatal.iter().map(|(r, _)| r.to_string()).collect();
+        note(
+            LABEL,
+            &format!(
+                "the sweep completed without rank(s) {}, which stopped on an error (exit \
+                 status 1: a rank failed)",
+                lost.join(", ")
+            ),
+        );
+    }
     if !complete && verdict != Verdict::Ok {
         note(
             LABEL,
@@ -204,6 +215,8 @@ struct Sweep {
     incidents: Vec<Open>,
     /// Ranks that froze themselves; killed once everyone else is gone.
     frozen: BTreeSet<u32>,
+    /// Ranks whose communicator is up (init done).
+    ready: BTreeSet<u32>,
     fatal: Vec<(u32, String)>,
     total: usize,
 }
@@ -249,6 +262,7 @@ impl Sweep {
             rows: Vec::new(),
             incidents: Vec::new(),
             frozen: BTreeSet::new(),
+            ready: BTreeSet::new(),
             fatal: Vec::new(),
             total,
         }
@@ -286,13 +300,24 @@ impl Sweep {
         match event {
             LaunchEvent::Line { rank, line } => match RankEvent::parse(line) {
                 Some(RankEvent::Fatal { rank, error }) => {
-                    self.out.live(&format!("rank {rank} cannot go on: {error}"));
+                    if chorus::ErrorKind::from_text(&error) == Some(chorus::ErrorKind::NoQuorum) {
+                        self.out.live(&format!(
+                            "rank {rank} is cut off from a quorum and stops; the others go on \
+                             without it: {error}"
+                        ));
+                    } else {
+                        self.out.live(&format!("rank {rank} cannot go on: {error}"));
+                    }
                     self.fatal.push((rank, error));
-                    // Before the first size (init failed), the others would only wait for
-                    // it until their init deadline: stop them now.
-                    if self.rows.is_empty() {
+                    // A rank that failed its init: the others would only wait for it until
+                    // their init deadline, so stop them now. Once it was up, the others
+                    // shrink and go on (see README, "When a rank fails").
+                    if !self.ready.contains(&rank) {
                         launcher.stop_after_failure(rank);
                     }
+                }
+                Some(RankEvent::Ready { rank }) => {
+                    self.ready.insert(rank);
                 }
                 Some(ev) => self.on_rank_event(ev),
                 // Whatever else a rank prints is passed on, named.
@@ -308,7 +333,7 @@ impl Sweep {
                         .incidents
                         .iter()
                         .any(|o| o.incident.rank == Some(end.rank));
-                    if self.rows.is_empty() && !injected {
+                    if !self.ready.contains(&end.rank) && !injected {
                         launcher.stop_after_failure(end.rank);
                     }
                 }
@@ -458,7 +483,7 @@ impl Sweep {
                 self.show_progress();
             }
             // Handled with the launcher at hand, in `on_event`.
-            RankEvent::Fatal { .. } => {}
+            RankEvent::Fatal { .. } | RankEvent::Ready { .. } => {}
         }
     }
 

@@ -66,6 +66,7 @@ pub(crate) fn run(args: RankArgs) -> Verdict {
     };
     drop(entered);
     let me = launch_rank.unwrap_or(comm.rank());
+    RankEvent::Ready { rank: me }.emit();
     let sizes = match args.sweep.sizes(comm.size()) {
         Ok(s) => s,
         Err(e) => return fatal(me, e),
@@ -186,30 +187,32 @@ impl Bench {
     }
 
     /// Shrinks with the other survivors and agrees on the size to resume at (the smallest
-    /// any survivor was at). Retries while further peers fail, at most once per peer.
+    /// any survivor was at). Retries while further peers fail, at most once per peer; a
+    /// shrink that itself ran out of time (its agreement never finished) or cannot reach a
+    /// quorum (this rank is the cut-off minority) is not retried: asking again would only
+    /// wait out the same bound again.
     fn recover(&mut self, at: usize) -> Result<usize, Error> {
         let mut attempts = self.comm.size();
         loop {
             let started = Instant::now();
-            let result = self.comm.blocking().shrink().and_then(|next| {
-                RankEvent::Shrunk {
-                    rank: self.me,
-                    new_rank: next.rank(),
-                    world: next.size(),
-                    epoch: next.epoch(),
-                    shrink_ms: started.elapsed().as_secs_f64() * 1e3,
-                    t_ns: now_ns(),
-                }
-                .emit();
-                self.comm = next;
-                let mut resume = [at as u64];
-                self.comm
-                    .blocking()
-                    .all_reduce_in_place(&mut resume, Reduction::Min)?;
-                Ok(resume[0] as usize)
-            });
-            match result {
-                Ok(resume) => return Ok(resume),
+            let next = self.comm.blocking().shrink()?;
+            RankEvent::Shrunk {
+                rank: self.me,
+                new_rank: next.rank(),
+                world: next.size(),
+                epoch: next.epoch(),
+                shrink_ms: started.elapsed().as_secs_f64() * 1e3,
+                t_ns: now_ns(),
+            }
+            .emit();
+            self.comm = next;
+            let mut resume = [at as u64];
+            match self
+                .comm
+                .blocking()
+                .all_reduce_in_place(&mut resume, Reduction::Min)
+            {
+                Ok(()) => return Ok(resume[0] as usize),
                 Err(e) if e.is_recoverable_by_shrink() && attempts > 1 => {
                     attempts -= 1;
                     self.failed(0, &e);

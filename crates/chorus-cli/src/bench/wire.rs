@@ -23,6 +23,9 @@ pub(crate) struct Timing {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(tag = "ev", rename_all = "kebab-case")]
 pub(crate) enum RankEvent {
+    /// This rank's communicator is up (init done): from now on a failure of one rank no
+    /// longer stops the others, who shrink and go on.
+    Ready { rank: u32 },
     /// One size done (reported by the current rank 0).
     Row {
         size: u64,

@@ -293,6 +293,7 @@ impl Cluster {
                             .as_ref()
                             .is_some_and(|n| n.epoch() == epoch) =>
                     {
+                        self.record.asked.entry((proc, epoch)).or_insert(self.now);
                         self.handle(proc, Input::Command(Command::Shrink));
                     }
                     Run::Frozen => self.procs[p].backlog.push(Ev::Shrink { proc, epoch }),
@@ -487,7 +488,12 @@ impl Cluster {
         if self.now >= w0 && self.now < w1 {
             self.record.window_frames += 1;
         }
-        let Some(delay) = self.scenario.net.delay(&mut self.rng, proc, to, self.now) else {
+        let kind = t.message.kind();
+        let Some(delay) = self
+            .scenario
+            .net
+            .delay(&mut self.rng, proc, to, self.now, kind)
+        else {
             self.record.lost += 1;
             return;
         };
@@ -513,7 +519,9 @@ impl Cluster {
                 if !self.procs[q as usize].links.contains(&proc) {
                     self.procs[q as usize].links.push(proc);
                 }
-                if self.procs[q as usize].run == Run::Running {
+                if self.procs[q as usize].run == Run::Running
+                    && !self.scenario.net.cut(proc, q, self.now)
+                {
                     let d = self.scenario.net.signal_delay(&mut self.rng);
                     self.push(
                         self.now + d,
@@ -541,6 +549,9 @@ impl Cluster {
                 };
                 self.procs[proc as usize].links.retain(|l| *l != q);
                 self.procs[q as usize].links.retain(|l| *l != proc);
+                if self.scenario.net.cut(proc, q, self.now) {
+                    return;
+                }
                 let d = self.scenario.net.signal_delay(&mut self.rng);
                 self.push(
                     self.now + d,
@@ -599,6 +610,16 @@ impl Cluster {
             }
             Event::MembershipAgreed(agreed) => self.installed(proc, agreed),
             Event::AgreementStalled { .. } => self.record.stalls += 1,
+            Event::AgreementFailed { epoch, failure } => {
+                let asked = self.record.asked.get(&(proc, epoch)).copied();
+                self.record.gave_up.push(super::report::GaveUp {
+                    proc,
+                    epoch,
+                    asked: asked.unwrap_or(self.now),
+                    at: self.now,
+                    failure,
+                });
+            }
             Event::Evicted { epoch, cause } => {
                 self.record.evictions += 1;
                 if !self.record.may_be_absent(proc, self.now) {

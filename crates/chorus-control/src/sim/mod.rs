@@ -28,7 +28,7 @@ mod rng;
 mod scenario;
 
 pub use network::{Net, Partition};
-pub use report::{Report, Summary};
+pub use report::{GaveUp, Report, Summary};
 pub use rng::Rng;
 pub use scenario::{Fault, FaultKind, Scenario, secs};
 

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use chorus_protocol::message::Kind;
+
 use super::rng::Rng;
 use crate::time::Instant;
 
@@ -19,6 +21,9 @@ pub struct Net {
     pub loss: f64,
     /// Network partitions.
     pub partitions: Vec<Partition>,
+    /// Frame kinds lost on every link, always (agreement traffic that never arrives, to
+    /// prove that a request's wait ends at its own deadline).
+    pub drop: Vec<Kind>,
 }
 
 /// Processes `lo..hi` (by their initial rank) are cut off from all others between `from`
@@ -55,6 +60,7 @@ impl Net {
             jitter_cap: Duration::ZERO,
             loss: 0.0,
             partitions: Vec::new(),
+            drop: Vec::new(),
         }
     }
 
@@ -64,7 +70,17 @@ impl Net {
     }
 
     /// The delay of one frame from `a` to `b` sent at `at`, or `None` if it is lost.
-    pub(crate) fn delay(&self, rng: &mut Rng, a: u32, b: u32, at: Instant) -> Option<Duration> {
+    pub(crate) fn delay(
+        &self,
+        rng: &mut Rng,
+        a: u32,
+        b: u32,
+        at: Instant,
+        kind: Kind,
+    ) -> Option<Duration> {
+        if self.drop.contains(&kind) {
+            return None;
+        }
         if self.partitions.iter().any(|p| p.cuts(a, b, at)) {
             return None;
         }
@@ -72,6 +88,12 @@ impl Net {
             return None;
         }
         Some(self.latency + self.extra(rng))
+    }
+
+    /// Whether a partition separates `a` and `b` at `at` (then no frame and no
+    /// connection-level signal crosses: a cut network carries no close either).
+    pub(crate) fn cut(&self, a: u32, b: u32, at: Instant) -> bool {
+        self.partitions.iter().any(|p| p.cuts(a, b, at))
     }
 
     /// A delay for a connection-level signal (not subject to loss: the transport retries).

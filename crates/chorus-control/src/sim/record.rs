@@ -55,6 +55,10 @@ pub(crate) struct Record {
     pub(crate) events: u64,
     pub(crate) stalls: u64,
     pub(crate) evictions: u64,
+    /// When each process first asked to shrink at each epoch.
+    pub(crate) asked: BTreeMap<(u32, Epoch), Instant>,
+    /// Shrink requests the nodes gave up.
+    pub(crate) gave_up: Vec<super::report::GaveUp>,
     /// A long partition happened: verdicts about anyone are justified from then on.
     pub(crate) long_partition_from: Option<Instant>,
     pub(crate) tolerated_freeze: Duration,

@@ -3,6 +3,11 @@
 use std::fmt;
 use std::time::Duration;
 
+use chorus_protocol::Epoch;
+
+use crate::event::AgreementFailure;
+use crate::time::Instant;
+
 /// Summary statistics of a sample.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Summary {
@@ -33,6 +38,18 @@ impl Summary {
     }
 }
 
+/// A shrink request a node gave up (`Event::AgreementFailed`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GaveUp {
+    /// The process (by its initial rank).
+    pub proc: u32,
+    pub epoch: Epoch,
+    /// When its application first asked to shrink at that epoch.
+    pub asked: Instant,
+    pub at: Instant,
+    pub failure: AgreementFailure,
+}
+
 /// The outcome of one run.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
@@ -59,6 +76,10 @@ pub struct Report {
     /// Members evicted, agreement rounds that stalled.
     pub evictions: u64,
     pub stalls: u64,
+    /// Shrink requests given up, in the order they were.
+    pub gave_up: Vec<GaveUp>,
+    /// The last epoch each process installed, by process.
+    pub installed: Vec<u64>,
 }
 
 impl Report {

@@ -73,6 +73,7 @@ impl Scenario {
             jitter_cap: Duration::from_millis(2),
             loss: 0.0,
             partitions: Vec::new(),
+            drop: Vec::new(),
         };
         Scenario {
             seed,

@@ -43,10 +43,26 @@ impl Comm {
 
     /// Survivors agree on who is gone and continue in a new communicator: ranks compacted
     /// in their old order, the next epoch, fresh links. Every survivor calls it.
+    ///
+    /// Bounded as a whole by `agree_timeout` (the agreement and the new links share one
+    /// deadline). A member whose own view holds fewer live members than the quorum needs
+    /// (under the default majority: it is cut off with half the members or fewer) fails at
+    /// once with [`ErrorKind::NoQuorum`], naming its view and the rule; it never decides a
+    /// membership of its own, and shrinking again cannot help it.
     pub async fn shrink(&self) -> Result<Comm> {
         let (reply, rx) = oneshot::channel();
         let after = self.inner.epoch.epoch;
-        self.agree(Request::Shrink { after, reply }, rx).await
+        let deadline = Instant::now() + self.inner.session.config.agree_timeout;
+        self.agree(
+            Request::Shrink {
+                after,
+                deadline,
+                reply,
+            },
+            deadline,
+            rx,
+        )
+        .await
     }
 
     /// Admits `joiners` new processes (which call [`Comm::join`] with
@@ -54,20 +70,26 @@ impl Comm {
     pub async fn grow(&self, joiners: u32) -> Result<Comm> {
         let (reply, rx) = oneshot::channel();
         let after = self.inner.epoch.epoch;
+        let deadline = Instant::now() + self.inner.session.config.agree_timeout;
         self.agree(
             Request::Grow {
                 after,
                 joiners,
+                deadline,
                 reply,
             },
+            deadline,
             rx,
         )
         .await
     }
 
+    /// Sends `request` and builds the agreed epoch, all by `deadline` (one bound for both: a
+    /// second, fresh timeout for the links would let one call take twice its bound).
     async fn agree(
         &self,
         request: Request,
+        deadline: Instant,
         rx: oneshot::Receiver<Result<NextEpoch>>,
     ) -> Result<Comm> {
         let started = Instant::now();
@@ -79,7 +101,6 @@ impl Comm {
             .map_err(|_| self.stamp(Error::new(ErrorKind::Destroyed, "control driver gone")))?
             .map_err(|e| self.stamp(e))?;
         let session = self.inner.session.clone();
-        let deadline = Instant::now() + session.config.agree_timeout;
         let life = self.inner.life.child();
         let epoch = epoch::build_next(&session, &self.inner.lineage, &life, next, deadline).await?;
         tracing::info!(epoch = %epoch.epoch, world = epoch.world, rank = %epoch.rank,

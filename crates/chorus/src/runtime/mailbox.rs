@@ -66,9 +66,11 @@ pub(crate) enum LineageMsg {
 
 /// What the application asks of a lineage.
 pub(crate) enum Request {
-    /// Agree with the survivors on the next epoch; the reply is the agreement and its table.
+    /// Agree with the survivors on the next epoch; the reply is the agreement and its table,
+    /// or an error by `deadline` (the caller's one bound for its whole `shrink()`).
     Shrink {
         after: Epoch,
+        deadline: std::time::Instant,
         reply: oneshot::Sender<Result<NextEpoch, Error>>,
     },
     /// Admit `joiners` new processes (this member coordinates when it is rank 0), or wait
@@ -76,6 +78,7 @@ pub(crate) enum Request {
     Grow {
         after: Epoch,
         joiners: u32,
+        deadline: std::time::Instant,
         reply: oneshot::Sender<Result<NextEpoch, Error>>,
     },
     /// Revoke the communicator at the current epoch everywhere.

@@ -12,7 +12,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use chorus_control::{
-    Agreed, Command, ConnectionIntent, Event, Input, Instant, Node, Status, Transmit, Witness,
+    Agreed, AgreementFailure, Command, ConnectionIntent, Event, Input, Instant, Node, Status,
+    Transmit, Witness,
 };
 use chorus_engine::context::AbortReason;
 use chorus_protocol::message::{
@@ -323,9 +324,11 @@ impl Policy {
         }
     }
 
-    /// Shrink past `after`: the agreement past `after` is the answer, unless its epoch
-    /// (the current one) lost a member since: then the survivors agree again, past it.
-    pub(super) fn shrink(&mut self, now: Instant, after: Epoch, reply: Reply) {
+    /// Shrink past `after`, answered by `deadline`: the agreement past `after` is the
+    /// answer, unless its epoch (the current one) lost a member since: then the survivors
+    /// agree again, past it. A member whose view cannot reach a quorum is answered at once
+    /// (the node says so, see `on_event`).
+    pub(super) fn shrink(&mut self, now: Instant, after: Epoch, deadline: Instant, reply: Reply) {
         if let Some(error) = self.inert() {
             return self.answer(reply, Err(error));
         }
@@ -342,15 +345,22 @@ impl Policy {
         self.waiters.push(PendingAgreement {
             after,
             grow: false,
-            deadline: now + self.timing.agree,
+            deadline,
             reply,
         });
         self.handle(now, Input::Command(Command::Shrink));
     }
 
-    /// Grow past `after` by `joiners`: answered by an agreement past `after` that admitted
-    /// joiners; rank 0 coordinates (it proposes once the joiners have asked).
-    pub(super) fn grow(&mut self, now: Instant, after: Epoch, joiners: u32, reply: Reply) {
+    /// Grow past `after` by `joiners`, answered by `deadline`: by an agreement past `after`
+    /// that admitted joiners; rank 0 coordinates (it proposes once the joiners have asked).
+    pub(super) fn grow(
+        &mut self,
+        now: Instant,
+        after: Epoch,
+        joiners: u32,
+        deadline: Instant,
+        reply: Reply,
+    ) {
         if let Some(error) = self.inert() {
             return self.answer(reply, Err(error));
         }
@@ -365,7 +375,7 @@ impl Policy {
         self.waiters.push(PendingAgreement {
             after,
             grow: true,
-            deadline: now + self.timing.agree,
+            deadline,
             reply,
         });
         if self.node.rank() == Rank(0) {
@@ -553,6 +563,22 @@ impl Policy {
                 }
             }
             Event::MembershipAgreed(agreed) => self.on_agreed(agreed),
+            Event::AgreementFailed { epoch, failure } => {
+                let error = match failure {
+                    AgreementFailure::NoQuorum(verdict) => Error::new(
+                        ErrorKind::NoQuorum,
+                        format!("shrink cannot reach a quorum: {verdict}"),
+                    ),
+                    AgreementFailure::Timeout { waited } => Error::new(
+                        ErrorKind::Timeout,
+                        format!("shrink agreement did not finish within {waited:?}"),
+                    ),
+                };
+                tracing::warn!(%epoch, %error, "shrink given up");
+                for w in self.waiters.given_up(epoch) {
+                    self.answer(w.reply, Err(error.clone()));
+                }
+            }
             Event::AgreementStalled {
                 epoch,
                 votes,
@@ -614,5 +640,8 @@ fn control_config(config: &Config) -> chorus_control::Config {
         chorus_control::Config::from_timing(config.heartbeat_interval, config.heartbeat_deadline);
     c.observers = config.observers;
     c.quorum = config.quorum;
+    // The node's own bound on a shrink request: the caller's, so the answer comes from
+    // whichever notices first, never later.
+    c.request_timeout = config.agree_timeout;
     c
 }

@@ -163,12 +163,23 @@ impl LineageTask {
     fn on_request(&mut self, request: Request) {
         let now = self.session.clock.now();
         match request {
-            Request::Shrink { after, reply } => self.policy.shrink(now, after, reply),
+            Request::Shrink {
+                after,
+                deadline,
+                reply,
+            } => {
+                let deadline = self.session.clock.control(deadline);
+                self.policy.shrink(now, after, deadline, reply)
+            }
             Request::Grow {
                 after,
                 joiners,
+                deadline,
                 reply,
-            } => self.policy.grow(now, after, joiners, reply),
+            } => {
+                let deadline = self.session.clock.control(deadline);
+                self.policy.grow(now, after, joiners, deadline, reply)
+            }
             Request::Revoke { reply } => {
                 self.policy.revoke(now);
                 let _ = reply.send(());

@@ -215,8 +215,8 @@ fn a_shrink_waits_for_its_agreement_until_the_deadline() {
     let mut p = policy(3, 0);
     let _ = actions(&mut p);
     let (reply, _rx) = oneshot::channel();
-    p.shrink(at(0), Epoch(0), reply);
     let agree = Config::default().agree_timeout;
+    p.shrink(at(0), Epoch(0), at(0) + agree, reply);
     p.expire(at(0) + agree - Duration::from_micros(1));
     assert!(
         answers(actions(&mut p)).is_empty(),
@@ -231,14 +231,46 @@ fn a_shrink_waits_for_its_agreement_until_the_deadline() {
 }
 
 #[test]
+fn a_member_cut_off_from_a_majority_fails_its_shrink_at_once_with_no_quorum() {
+    // Rank 3 of 4 has lost rank 1, then rank 2: 2 of 4 live, a majority needs 3.
+    let mut p = policy(4, 3);
+    p.data_lost(at(1), Rank(1), Epoch(0));
+    let _ = actions(&mut p);
+    let (reply, _rx) = oneshot::channel();
+    p.shrink(at(2), Epoch(0), at(30_002), reply);
+    assert!(answers(actions(&mut p)).is_empty(), "3 of 4 live can agree");
+    p.data_lost(at(3), Rank(2), Epoch(0));
+    let first = answers(actions(&mut p));
+    assert_eq!(first.len(), 1, "answered at the loss, not at the deadline");
+    let error = first[0].as_ref().expect_err("no quorum");
+    assert_eq!(error.kind, ErrorKind::NoQuorum);
+    assert!(!error.is_recoverable_by_shrink());
+    assert!(
+        error
+            .detail
+            .contains("(r1 r2), 2 live; quorum majority needs 3 of 4"),
+        "{error}"
+    );
+    // Asking again is answered at once too, and the node coordinated no round it could
+    // not win.
+    let (reply, _rx) = oneshot::channel();
+    p.shrink(at(4), Epoch(0), at(30_004), reply);
+    let again = answers(actions(&mut p));
+    assert_eq!(again.len(), 1);
+    let error = again[0].as_ref().expect_err("no quorum again");
+    assert_eq!(error.kind, ErrorKind::NoQuorum);
+    assert_eq!(p.node().epoch(), Epoch(0));
+}
+
+#[test]
 fn a_member_that_left_refuses_shrink_and_grow_at_once() {
     let mut p = policy(3, 1);
     let _ = actions(&mut p);
     assert!(p.depart(at(1), CloseCode::NORMAL, "bye"));
     let (reply, _rx) = oneshot::channel();
-    p.shrink(at(2), Epoch(0), reply);
+    p.shrink(at(2), Epoch(0), at(3), reply);
     let (reply, _rx) = oneshot::channel();
-    p.grow(at(2), Epoch(0), 1, reply);
+    p.grow(at(2), Epoch(0), 1, at(3), reply);
     let answers = answers(actions(&mut p));
     assert_eq!(answers.len(), 2);
     for a in answers {
@@ -373,7 +405,7 @@ fn a_grow_on_rank_zero_waits_for_its_joiners() {
     let mut p = policy(2, 0);
     let _ = actions(&mut p);
     let (reply, _rx) = oneshot::channel();
-    p.grow(at(1), Epoch(0), 1, reply);
+    p.grow(at(1), Epoch(0), 1, at(30_000), reply);
     assert!(answers(actions(&mut p)).is_empty());
     let mut joiner = peer(9);
     joiner.rank = Rank::NONE;

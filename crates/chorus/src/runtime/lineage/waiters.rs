@@ -52,6 +52,11 @@ impl PendingAgreements {
         self.take_where(|w| now >= w.deadline)
     }
 
+    /// Takes the shrinks the node gave up at `epoch` (no quorum, or its request deadline).
+    pub(super) fn given_up(&mut self, epoch: Epoch) -> Vec<PendingAgreement> {
+        self.take_where(|w| !w.grow && w.after <= epoch)
+    }
+
     /// Takes every waiter.
     pub(super) fn all(&mut self) -> Vec<PendingAgreement> {
         std::mem::take(&mut self.0)
