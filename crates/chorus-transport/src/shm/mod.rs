@@ -13,6 +13,7 @@ mod futex;
 mod link;
 mod process;
 mod pump;
+mod raw;
 mod reader;
 pub mod ring;
 mod segment;
@@ -34,6 +35,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
 pub use link::ShmLink;
+pub use raw::RawShm;
 
 use crate::Route;
 use crate::admission::Admission;
@@ -229,6 +231,18 @@ impl ShmConnection {
     /// The peer's process id, as the kernel named it.
     pub fn peer_pid(&self) -> i32 {
         self.pid
+    }
+
+    /// The segment and the stream's framing state, for callers that speak the ring
+    /// themselves (see [`RawShm`]).
+    pub fn into_raw(self) -> RawShm {
+        let Greeted {
+            me,
+            encoder,
+            decoder,
+            ..
+        } = self.greeted;
+        RawShm::new(self.seg, self.side, me, encoder, decoder)
     }
 
     /// Turns a `Role::Data` connection into the data link to its peer, with its pump.

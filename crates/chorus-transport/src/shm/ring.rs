@@ -333,6 +333,40 @@ mod tests {
         assert_eq!(Layout::parse(&h[..10], 0), Err(RingError::Short(10)));
     }
 
+    /// The header is the spec's golden vector (`protocol/vectors/shm-segment.hex`), and
+    /// the offsets are the spec's table.
+    #[test]
+    fn the_header_and_offsets_are_the_specs() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../protocol/vectors/shm-segment.hex"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let hex: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .flat_map(|l| l.chars().filter(char::is_ascii_hexdigit))
+            .collect();
+        let golden: Vec<u8> = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        let l = Layout::new(4 << 20);
+        assert_eq!(
+            &l.header()[..],
+            &golden[..],
+            "the segment header changed: update SPEC.md"
+        );
+        assert_eq!(Layout::parse(&golden, l.len() as u64), Ok(l));
+        let (c, a) = (Side::Connector, Side::Acceptor);
+        assert_eq!([l.closed(c), l.bell(c), l.sleeping(c)], [128, 132, 136]);
+        assert_eq!([l.closed(a), l.bell(a), l.sleeping(a)], [256, 260, 264]);
+        assert_eq!(
+            [l.tail(c), l.head(c), l.tail(a), l.head(a)],
+            [384, 512, 640, 768]
+        );
+        assert_eq!(l.data(a).start, 4096 + (4 << 20));
+    }
+
     #[test]
     fn control_words_do_not_share_lines_and_rings_follow_the_header() {
         let l = layout();
