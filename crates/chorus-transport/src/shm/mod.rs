@@ -91,11 +91,21 @@ impl ShmTransport {
     /// Listens on a fresh abstract Unix address (read it back with `name`); `admission`
     /// says which rank we are for the communicator a `Hello` names.
     pub async fn listen(&self, admission: Admission) -> Result<ShmListener, TransportError> {
+        self.listen_at(unix::fresh_name(), admission).await
+    }
+
+    /// Like [`ShmTransport::listen`], on the abstract address `name` (one a peer can derive
+    /// from what it already knows of us, such as our certificate's fingerprint). Fails if
+    /// the name is taken in this network namespace.
+    pub async fn listen_at(
+        &self,
+        name: String,
+        admission: Admission,
+    ) -> Result<ShmListener, TransportError> {
         let inner = self.inner.clone();
         self.inner
             .progress
             .run(async move {
-                let name = unix::fresh_name();
                 let addr = unix::address(&name).map_err(TransportError::io("shm address"))?;
                 let std = std::os::unix::net::UnixListener::bind_addr(&addr)
                     .map_err(TransportError::io("bind shm listener"))?;
