@@ -31,6 +31,27 @@ fn shared_fds() -> std::sync::RwLockReadGuard<'static, ()> {
     FDS.read().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Runs `f` beside the other tests, on a runtime made after taking the lock (a runtime
+/// has descriptors of its own).
+fn shared<F: std::future::Future>(f: F) -> F::Output {
+    let _fds = shared_fds();
+    runtime().block_on(f)
+}
+
+/// Runs `f` with no other test running, so that it may count the process's descriptors.
+fn alone<F: std::future::Future>(f: F) -> F::Output {
+    let _alone = FDS.write().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(f)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn config() -> TransportConfig {
     TransportConfig {
         handshake_timeout: Duration::from_millis(500),
@@ -69,7 +90,10 @@ async fn link_and_raw(t: &ShmTransport, l: &mut ShmListener) -> (ShmLink, RawShm
         t.connect(&name, Role::Data, route(1), Rank(0)),
         l.accept(WAIT)
     );
-    (a.unwrap().into_link().unwrap(), c.unwrap().into_raw())
+    (
+        a.unwrap().into_link().unwrap(),
+        c.unwrap().into_raw().unwrap(),
+    )
 }
 
 async fn transfer(a: &ShmLink, b: &ShmLink, op: u64, len: usize) {
@@ -120,335 +144,370 @@ fn protocol_violation(r: &Result<Bytes, LinkError>) -> bool {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round_trip_every_size_both_ways_and_early_arrivals_are_held() {
-    let _fds = shared_fds();
-    let cfg = TransportConfig {
-        // A small ring: large payloads stream through it many times over.
-        shm_ring: 64 << 10,
-        ..config()
-    };
-    let (t, _) = transport(Some(cfg));
-    let mut l = listener(&t, 0).await;
-    let (a, b) = pair(&t, &mut l).await;
-    for (i, len) in [0, 1, 100, 65_536 - 64, 65_536, 300_000, 4 << 20, 16 << 20]
-        .into_iter()
-        .enumerate()
-    {
-        transfer(&a, &b, i as u64, len).await;
-        transfer(&b, &a, 100 + i as u64, len).await;
-    }
-    for step in 0..10 {
-        a.send(tag(500, step), pattern(1000, step as u8))
-            .await
-            .unwrap();
-    }
-    for step in (0..10).rev() {
-        assert_eq!(
-            b.recv(tag(500, step)).await.unwrap(),
-            pattern(1000, step as u8)
-        );
-    }
-    // Borrowed bytes: what the ring did not take is copied before the send resolves.
-    let mut data = pattern(1 << 20, 9).to_vec();
-    a.send_bytes(tag(600, 0), &data).unwrap().await.unwrap();
-    data.iter_mut().for_each(|x| *x = !*x);
-    assert!(b.recv(tag(600, 0)).await.unwrap() == pattern(1 << 20, 9));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mismatched_collective_is_named() {
-    let _fds = shared_fds();
-    let (t, _) = transport(None);
-    let mut l = listener(&t, 0).await;
-    let (a, b) = pair(&t, &mut l).await;
-    let mut other = tag(1, 0);
-    other.collective = chorus_protocol::Collective::Broadcast;
-    a.send(other, Bytes::from_static(b"x")).await.unwrap();
-    let err = b.recv(tag(1, 0)).await.unwrap_err();
-    assert_eq!(
-        err,
-        LinkError::TagMismatch {
-            expected: tag(1, 0),
-            got: other
+#[test]
+fn round_trip_every_size_both_ways_and_early_arrivals_are_held() {
+    shared(async {
+        let cfg = TransportConfig {
+            // A small ring: large payloads stream through it many times over.
+            shm_ring: 64 << 10,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        for (i, len) in [0, 1, 100, 65_536 - 64, 65_536, 300_000, 4 << 20, 16 << 20]
+            .into_iter()
+            .enumerate()
+        {
+            transfer(&a, &b, i as u64, len).await;
+            transfer(&b, &a, 100 + i as u64, len).await;
         }
-    );
+        for step in 0..10 {
+            a.send(tag(500, step), pattern(1000, step as u8))
+                .await
+                .unwrap();
+        }
+        for step in (0..10).rev() {
+            assert_eq!(
+                b.recv(tag(500, step)).await.unwrap(),
+                pattern(1000, step as u8)
+            );
+        }
+        // Borrowed bytes: what the ring did not take is copied before the send resolves.
+        let mut data = pattern(1 << 20, 9).to_vec();
+        a.send_bytes(tag(600, 0), &data).unwrap().await.unwrap();
+        data.iter_mut().for_each(|x| *x = !*x);
+        assert!(b.recv(tag(600, 0)).await.unwrap() == pattern(1 << 20, 9));
+    });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_is_local_immediate_and_the_peer_sees_the_code() {
-    let _fds = shared_fds();
-    let (t, _) = transport(None);
-    let mut l = listener(&t, 0).await;
-    let (a, b) = pair(&t, &mut l).await;
-    cancel_is_local_and_immediate(&a, &b, "test abort", WAIT).await;
+#[test]
+fn mismatched_collective_is_named() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let mut other = tag(1, 0);
+        other.collective = chorus_protocol::Collective::Broadcast;
+        a.send(other, Bytes::from_static(b"x")).await.unwrap();
+        let err = b.recv(tag(1, 0)).await.unwrap_err();
+        assert_eq!(
+            err,
+            LinkError::TagMismatch {
+                expected: tag(1, 0),
+                got: other
+            }
+        );
+    });
+}
+
+#[test]
+fn cancel_is_local_immediate_and_the_peer_sees_the_code() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        cancel_is_local_and_immediate(&a, &b, "test abort", WAIT).await;
+    });
 }
 
 /// A parked receive (no spin) is woken by the peer's data through the futex, and by the
 /// peer's abort word at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_parked_receive_wakes_for_data_and_at_once_for_the_peers_abort() {
-    let _fds = shared_fds();
-    let cfg = TransportConfig {
-        recv_spin: Duration::ZERO,
-        ..config()
-    };
-    let (t, _) = transport(Some(cfg));
-    let mut l = listener(&t, 0).await;
-    let (a, b) = pair(&t, &mut l).await;
-    let b = Arc::new(b);
-    for op in 0..3 {
+#[test]
+fn a_parked_receive_wakes_for_data_and_at_once_for_the_peers_abort() {
+    shared(async {
+        let cfg = TransportConfig {
+            recv_spin: Duration::ZERO,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let b = Arc::new(b);
+        for op in 0..3 {
+            let pending = tokio::spawn({
+                let b = b.clone();
+                async move { b.recv(tag(op, 0)).await }
+            });
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            a.send(tag(op, 0), pattern(100, op as u8)).await.unwrap();
+            let got = tokio::time::timeout(WAIT, pending).await.unwrap().unwrap();
+            assert_eq!(got.unwrap(), pattern(100, op as u8));
+        }
         let pending = tokio::spawn({
             let b = b.clone();
-            async move { b.recv(tag(op, 0)).await }
+            async move { b.recv(tag(9, 0)).await }
         });
         tokio::time::sleep(Duration::from_millis(30)).await;
-        a.send(tag(op, 0), pattern(100, op as u8)).await.unwrap();
+        let t0 = Instant::now();
+        a.cancel(CancelReason::new(CloseCode::ABORTED, "abort word"));
         let got = tokio::time::timeout(WAIT, pending).await.unwrap().unwrap();
-        assert_eq!(got.unwrap(), pattern(100, op as u8));
-    }
-    let pending = tokio::spawn({
-        let b = b.clone();
-        async move { b.recv(tag(9, 0)).await }
+        let woke = t0.elapsed();
+        assert_eq!(
+            got,
+            Err(LinkError::PeerDeparted {
+                code: CloseCode::ABORTED,
+                detail: "abort word".into()
+            })
+        );
+        // At once: well inside the pump's idle wait, far inside 250 ms on a loaded machine.
+        assert!(woke < Duration::from_millis(250), "woke after {woke:?}");
     });
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let t0 = Instant::now();
-    a.cancel(CancelReason::new(CloseCode::ABORTED, "abort word"));
-    let got = tokio::time::timeout(WAIT, pending).await.unwrap().unwrap();
-    let woke = t0.elapsed();
-    assert_eq!(
-        got,
-        Err(LinkError::PeerDeparted {
-            code: CloseCode::ABORTED,
-            detail: "abort word".into()
-        })
-    );
-    // At once: well inside the pump's idle wait, far inside 250 ms on a loaded machine.
-    assert!(woke < Duration::from_millis(250), "woke after {woke:?}");
 }
 
 /// Seed 000 on shm: a forked child maps the segment and holds every descriptor; the
 /// departure still reaches the peer at once, because nothing waits for the last
 /// descriptor to close.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_departure_reaches_the_peer_despite_a_forked_holder() {
-    let _fds = shared_fds();
-    let (t, _) = transport(None);
-    let mut l = listener(&t, 0).await;
-    let (a, b) = pair(&t, &mut l).await;
-    transfer(&a, &b, 1, 1000).await;
-    let holder = fork_holder();
-    let pending = b.recv(tag(2, 0));
-    let t0 = Instant::now();
-    a.cancel(CancelReason::new(CloseCode::ABORTED, "seed 000"));
-    let r = tokio::time::timeout(WAIT, pending).await.unwrap();
-    let seen = t0.elapsed();
-    assert!(
-        holder.alive(),
-        "the forked holder must still hold the segment"
-    );
-    assert_eq!(
-        r,
-        Err(LinkError::PeerDeparted {
-            code: CloseCode::ABORTED,
-            detail: "seed 000".into()
-        })
-    );
-    assert!(
-        seen < Duration::from_millis(250),
-        "peer saw it after {seen:?}"
-    );
-    drop(holder);
+#[test]
+fn a_departure_reaches_the_peer_despite_a_forked_holder() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        transfer(&a, &b, 1, 1000).await;
+        let holder = fork_holder();
+        let pending = b.recv(tag(2, 0));
+        let t0 = Instant::now();
+        a.cancel(CancelReason::new(CloseCode::ABORTED, "seed 000"));
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        let seen = t0.elapsed();
+        assert!(
+            holder.alive(),
+            "the forked holder must still hold the segment"
+        );
+        assert_eq!(
+            r,
+            Err(LinkError::PeerDeparted {
+                code: CloseCode::ABORTED,
+                detail: "seed 000".into()
+            })
+        );
+        assert!(
+            seen < Duration::from_millis(250),
+            "peer saw it after {seen:?}"
+        );
+        drop(holder);
+    });
 }
 
 /// The raw end sees exactly the spec's frames: the chunk, then the departure, then the
 /// closed word.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ring_carries_the_specs_frames_then_the_closed_word() {
-    let _fds = shared_fds();
-    let (t, _) = transport(None);
-    let mut l = listener(&t, 0).await;
-    let (a, mut raw) = link_and_raw(&t, &mut l).await;
-    a.send(tag(1, 0), pattern(5000, 1)).await.unwrap();
-    a.cancel(CancelReason::new(CloseCode::LEFT, "bye"));
-    let observer = tokio::task::spawn_blocking(move || {
-        let chunk = next_message(&mut raw, WAIT);
-        let depart = next_message(&mut raw, WAIT);
-        let deadline = Instant::now() + WAIT;
-        while !raw.peer_closed() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
+#[test]
+fn the_ring_carries_the_specs_frames_then_the_closed_word() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (a, mut raw) = link_and_raw(&t, &mut l).await;
+        a.send(tag(1, 0), pattern(5000, 1)).await.unwrap();
+        a.cancel(CancelReason::new(CloseCode::LEFT, "bye"));
+        let observer = tokio::task::spawn_blocking(move || {
+            let chunk = next_message(&mut raw, WAIT);
+            let depart = next_message(&mut raw, WAIT);
+            let deadline = Instant::now() + WAIT;
+            while !raw.peer_closed() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (chunk, depart, raw.peer_closed())
+        });
+        let (chunk, depart, closed) = observer.await.unwrap();
+        match chunk {
+            Some(Message::Chunk(c)) => assert!(c.payload == pattern(5000, 1)),
+            other => panic!("expected the chunk, got {other:?}"),
         }
-        (chunk, depart, raw.peer_closed())
+        assert_eq!(
+            depart,
+            Some(Message::Depart(Depart::new(CloseCode::LEFT, "bye")))
+        );
+        assert!(closed, "the closed word follows the departure");
     });
-    let (chunk, depart, closed) = observer.await.unwrap();
-    match chunk {
-        Some(Message::Chunk(c)) => assert!(c.payload == pattern(5000, 1)),
-        other => panic!("expected the chunk, got {other:?}"),
-    }
-    assert_eq!(
-        depart,
-        Some(Message::Depart(Depart::new(CloseCode::LEFT, "bye")))
-    );
-    assert!(closed, "the closed word follows the departure");
 }
 
 /// Departure versus crash: a peer that closes its side without a departure is a lost
 /// connection; with one, a departure with its code.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_closed_word_without_a_departure_is_a_lost_connection() {
-    let _fds = shared_fds();
-    let (t, _) = transport(None);
-    let mut l = listener(&t, 0).await;
-    let (link, mut raw) = link_and_raw(&t, &mut l).await;
-    let pending = link.recv(tag(1, 0));
-    raw.close();
-    let r = tokio::time::timeout(WAIT, pending).await.unwrap();
-    assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
+#[test]
+fn a_closed_word_without_a_departure_is_a_lost_connection() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let pending = link.recv(tag(1, 0));
+        raw.close();
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
+    });
+}
+
+/// A connection the acceptor drops without making a link (refused by its runtime, say)
+/// ends the connector's link at once, not at some heartbeat deadline.
+#[test]
+fn a_connection_dropped_unused_ends_the_peers_link() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let name = l.name().to_owned();
+        let (c, a) = tokio::join!(
+            t.connect(&name, Role::Data, route(1), Rank(0)),
+            l.accept(WAIT)
+        );
+        let link = c.unwrap().into_link().unwrap();
+        let pending = link.recv(tag(1, 0));
+        drop(a.unwrap());
+        let r = tokio::time::timeout(Duration::from_secs(2), pending)
+            .await
+            .expect("the dropped connection went unnoticed");
+        assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
+    });
 }
 
 /// Hostile input: a chunk claiming 4 GiB, a tail more than a ring ahead, a garbage
 /// header. Each closes the link with a protocol violation and a departure; none reads
 /// outside the segment or allocates what the frame claims.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_bytes_and_bad_indices_are_violations_never_reads_out_of_bounds() {
-    let _fds = shared_fds();
-    let (t, _) = transport(None);
-    let mut l = listener(&t, 0).await;
+#[test]
+fn bad_bytes_and_bad_indices_are_violations_never_reads_out_of_bounds() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
 
-    let (link, mut raw) = link_and_raw(&t, &mut l).await;
-    let pending = link.recv(tag(1, 0));
-    let mut frame = chunk_prefix(&mut raw, 1, 0);
-    frame[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
-    raw.write(&frame, WAIT);
-    let r = tokio::time::timeout(WAIT, pending).await.unwrap();
-    assert!(protocol_violation(&r), "lying length: {r:?}");
-    let seen = tokio::task::spawn_blocking(move || next_message(&mut raw, WAIT))
-        .await
-        .unwrap();
-    assert!(
-        matches!(
-            seen,
-            Some(Message::Depart(Depart {
-                code: CloseCode::PROTOCOL_VIOLATION,
-                ..
-            }))
-        ),
-        "{seen:?}"
-    );
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let pending = link.recv(tag(1, 0));
+        let mut frame = chunk_prefix(&mut raw, 1, 0);
+        frame[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+        raw.write(&frame, WAIT);
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        assert!(protocol_violation(&r), "lying length: {r:?}");
+        let seen = tokio::task::spawn_blocking(move || next_message(&mut raw, WAIT))
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                seen,
+                Some(Message::Depart(Depart {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    ..
+                }))
+            ),
+            "{seen:?}"
+        );
 
-    let (link, mut raw) = link_and_raw(&t, &mut l).await;
-    let pending = link.recv(tag(1, 0));
-    let past = raw.tail() + (t.config().shm_ring as u64) * 4 + 1;
-    raw.set_tail(past);
-    let r = tokio::time::timeout(WAIT, pending).await.unwrap();
-    assert!(protocol_violation(&r), "tail past the ring: {r:?}");
-    let _ = raw;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let pending = link.recv(tag(1, 0));
+        let past = raw.tail() + (t.config().shm_ring as u64) * 4 + 1;
+        raw.set_tail(past);
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        assert!(protocol_violation(&r), "tail past the ring: {r:?}");
+        let _ = raw;
 
-    let (link, mut raw) = link_and_raw(&t, &mut l).await;
-    let pending = link.recv(tag(1, 0));
-    raw.write(&[0xee; 64], WAIT);
-    let r = tokio::time::timeout(WAIT, pending).await.unwrap();
-    assert!(
-        matches!(r, Err(LinkError::Protocol { .. })),
-        "garbage header: {r:?}"
-    );
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let pending = link.recv(tag(1, 0));
+        raw.write(&[0xee; 64], WAIT);
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        assert!(
+            matches!(r, Err(LinkError::Protocol { .. })),
+            "garbage header: {r:?}"
+        );
+    });
 }
 
 /// Bounded memory whatever the peer sends: payloads nobody asked for past the held limit
 /// fail the link with `Overflow`, and the sender sees the violation's departure.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unclaimed_data_past_the_bound_overflows() {
-    let _fds = shared_fds();
-    let cfg = TransportConfig {
-        held_limit: 1 << 20,
-        ..config()
-    };
-    let (t, _) = transport(Some(cfg));
-    let mut l = listener(&t, 0).await;
-    let (a, b) = pair(&t, &mut l).await;
-    for step in 0..3 {
-        let _ = a.send(tag(1, step), pattern(600_000, 0)).await;
-    }
-    let r = tokio::time::timeout(WAIT, b.recv(tag(2, 0))).await.unwrap();
-    assert!(
-        matches!(
-            r,
-            Err(LinkError::Overflow {
-                limit: 1_048_576,
-                ..
-            })
-        ),
-        "{r:?}"
-    );
-    let r = tokio::time::timeout(WAIT, a.recv(tag(3, 0))).await.unwrap();
-    assert!(
-        matches!(
-            r,
-            Err(LinkError::PeerDeparted {
-                code: CloseCode::PROTOCOL_VIOLATION,
-                ..
-            })
-        ),
-        "{r:?}"
-    );
+#[test]
+fn unclaimed_data_past_the_bound_overflows() {
+    shared(async {
+        let cfg = TransportConfig {
+            held_limit: 1 << 20,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        for step in 0..3 {
+            let _ = a.send(tag(1, step), pattern(600_000, 0)).await;
+        }
+        let r = tokio::time::timeout(WAIT, b.recv(tag(2, 0))).await.unwrap();
+        assert!(
+            matches!(
+                r,
+                Err(LinkError::Overflow {
+                    limit: 1_048_576,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        let r = tokio::time::timeout(WAIT, a.recv(tag(3, 0))).await.unwrap();
+        assert!(
+            matches!(
+                r,
+                Err(LinkError::PeerDeparted {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    });
 }
 
 /// A stranger without the job secret is refused in the handshake and never gets a
 /// segment; the listener goes on serving good peers.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stranger_is_refused_and_good_peers_still_link() {
-    let _fds = shared_fds();
-    let (t, _) = transport(None);
-    let mut l = listener(&t, 0).await;
-    let (stranger, _) = transport(None);
-    let r = stranger
-        .connect(l.name(), Role::Data, route(1), Rank(0))
-        .await;
-    assert!(r.is_err(), "a wrong secret must not link");
-    let (a, b) = pair(&t, &mut l).await;
-    transfer(&a, &b, 1, 10).await;
+#[test]
+fn a_stranger_is_refused_and_good_peers_still_link() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (stranger, _) = transport(None);
+        let r = stranger
+            .connect(l.name(), Role::Data, route(1), Rank(0))
+            .await;
+        assert!(r.is_err(), "a wrong secret must not link");
+        let (a, b) = pair(&t, &mut l).await;
+        transfer(&a, &b, 1, 10).await;
+    });
 }
 
 /// A SIGKILLed peer process is seen through its pidfd: a pending receive fails with a
 /// lost connection, and after the job nothing is left behind: no file in /dev/shm, no
 /// descriptor in this process beyond those it had before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_peer_fails_pending_ops_and_leaves_nothing_behind() {
-    let _alone = FDS.write().unwrap_or_else(|e| e.into_inner());
-    let shm_before = dev_shm();
-    let fds_before = open_fds();
-    {
-        let (t, secret) = transport(None);
-        let mut l = listener(&t, 0).await;
-        let mut child = spawn_peer(l.name(), &secret);
-        let link = l.accept(WAIT).await.unwrap().into_link().unwrap();
-        transfer_from_child(&link).await;
-        let pending = link.recv(tag(2, 0));
-        let t0 = Instant::now();
-        // SAFETY: killing our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-        let r = tokio::time::timeout(WAIT, pending)
-            .await
-            .expect("pending recv never failed");
-        assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
-        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-        reap(&mut child);
-        drop(link);
-        drop(l);
-        drop(t);
-    }
-    // The pump threads let go of their segments within their idle wait.
-    let deadline = Instant::now() + WAIT;
-    while open_fds() > fds_before && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(
-        open_fds() <= fds_before,
-        "descriptors leaked: {} before, {} after",
-        fds_before,
-        open_fds()
-    );
-    assert_eq!(dev_shm(), shm_before, "a file appeared in /dev/shm");
+#[test]
+fn a_killed_peer_fails_pending_ops_and_leaves_nothing_behind() {
+    alone(async {
+        let shm_before = dev_shm();
+        let fds_before = open_fds();
+        {
+            let (t, secret) = transport(None);
+            let mut l = listener(&t, 0).await;
+            let mut child = spawn_peer(l.name(), &secret);
+            let link = l.accept(WAIT).await.unwrap().into_link().unwrap();
+            transfer_from_child(&link).await;
+            let pending = link.recv(tag(2, 0));
+            let t0 = Instant::now();
+            // SAFETY: killing our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let r = tokio::time::timeout(WAIT, pending)
+                .await
+                .expect("pending recv never failed");
+            assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
+            // The pump looks at the pidfd every 20 ms; the margin is for a loaded machine.
+            assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+            reap(&mut child);
+            drop(link);
+            drop(l);
+            drop(t);
+        }
+        // The pump threads let go of their segments within their idle wait.
+        let deadline = Instant::now() + WAIT;
+        while open_fds() > fds_before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            open_fds() <= fds_before,
+            "descriptors leaked: {} before, {} after: {:?}",
+            fds_before,
+            open_fds(),
+            fd_targets()
+        );
+        assert_eq!(dev_shm(), shm_before, "a file appeared in /dev/shm");
+    });
 }
 
 async fn transfer_from_child(link: &ShmLink) {
@@ -461,6 +520,22 @@ async fn transfer_from_child(link: &ShmLink) {
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// What each open descriptor is, for a failure message.
+fn fd_targets() -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            format!(
+                "{} -> {}",
+                e.file_name().to_string_lossy(),
+                target.display()
+            )
+        })
+        .collect()
 }
 
 fn dev_shm() -> Vec<String> {

@@ -28,7 +28,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus_protocol::message::Role;
-use chorus_protocol::{AcceptorConfig, CommId, ConnectorConfig, Epoch, JobSecret, Rank};
+use chorus_protocol::{
+    AcceptorConfig, CommId, ConnectorConfig, Decoder, Encoder, Envelope, Epoch, JobSecret, Rank,
+};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::UnixStream;
 use tokio::sync::{Semaphore, mpsc};
@@ -43,7 +45,6 @@ use crate::config::TransportConfig;
 use crate::error::TransportError;
 use crate::fresh;
 use crate::handshake::{self, Greeted};
-use crate::matcher::Matcher;
 use crate::outbound::Outbound;
 use crate::progress::Progress;
 use process::PeerProcess;
@@ -163,7 +164,7 @@ impl ShmTransport {
                 Ok(ShmConnection {
                     pid: unix::peer_pid(&stream),
                     greeted,
-                    seg,
+                    seg: Some(seg),
                     side: Side::Connector,
                     cfg: inner.cfg.clone(),
                 })
@@ -211,11 +212,13 @@ impl Drop for ShmListener {
     }
 }
 
-/// An authenticated connection with its segment mapped, not yet a link.
+/// An authenticated connection with its segment mapped, not yet a link. Dropping it unused
+/// sets our closed word, so the peer's link ends at once (principle 1).
 #[derive(Debug)]
 pub struct ShmConnection {
     greeted: Greeted,
-    seg: Segment,
+    /// `None` only once moved into a link or handed out raw.
+    seg: Option<Segment>,
     side: Side,
     pid: i32,
     cfg: TransportConfig,
@@ -245,18 +248,14 @@ impl ShmConnection {
 
     /// The segment and the stream's framing state, for callers that speak the ring
     /// themselves (see [`RawShm`]).
-    pub fn into_raw(self) -> RawShm {
-        let Greeted {
-            me,
-            encoder,
-            decoder,
-            ..
-        } = self.greeted;
-        RawShm::new(self.seg, self.side, me, encoder, decoder)
+    pub fn into_raw(mut self) -> Result<RawShm, TransportError> {
+        let seg = self.seg.take().ok_or(TransportError::Shutdown)?;
+        let (me, encoder, decoder) = self.take_framing();
+        Ok(RawShm::new(seg, self.side, me, encoder, decoder))
     }
 
     /// Turns a `Role::Data` connection into the data link to its peer, with its pump.
-    pub fn into_link(self) -> Result<ShmLink, TransportError> {
+    pub fn into_link(mut self) -> Result<ShmLink, TransportError> {
         let role = self.role();
         if role != Role::Data {
             return Err(TransportError::WrongRole {
@@ -265,23 +264,16 @@ impl ShmConnection {
             });
         }
         let peer = self.greeted.peer();
-        let cfg = &self.cfg;
-        let matcher = Arc::new(Matcher::new(peer.sender, cfg.held_limit, cfg.send_window));
-        let Greeted {
-            me,
-            encoder,
-            decoder,
-            ..
-        } = self.greeted;
+        let seg = self.seg.take().ok_or(TransportError::Shutdown)?;
+        let (me, encoder, decoder) = self.take_framing();
         let shared = Arc::new(Shared::new(
-            self.seg,
+            seg,
             self.side,
-            matcher,
             peer,
             decoder,
             Outbound::new(encoder, me),
             PeerProcess::watch(self.pid),
-            cfg.depart_timeout,
+            &self.cfg,
         ));
         let pumped = shared.clone();
         std::thread::Builder::new()
@@ -290,8 +282,27 @@ impl ShmConnection {
             .map_err(TransportError::io("spawn shm pump"))?;
         Ok(ShmLink {
             shared,
-            spin: spin::SpinBudget::new(cfg.recv_spin),
+            spin: spin::SpinBudget::new(self.cfg.recv_spin),
         })
+    }
+
+    /// The framing state, leaving a spent placeholder behind (the connection is consumed).
+    fn take_framing(&mut self) -> (Envelope, Encoder, Decoder) {
+        let limits = *self.greeted.decoder.limits();
+        let encoder = std::mem::take(&mut self.greeted.encoder);
+        let decoder = std::mem::replace(
+            &mut self.greeted.decoder,
+            Decoder::new(chorus_protocol::Side::Acceptor, limits),
+        );
+        (self.greeted.me, encoder, decoder)
+    }
+}
+
+impl Drop for ShmConnection {
+    fn drop(&mut self) {
+        if let Some(seg) = &self.seg {
+            seg.close(self.side);
+        }
     }
 }
 
@@ -388,7 +399,7 @@ async fn accept_one(
     Ok(ShmConnection {
         pid: unix::peer_pid(&stream),
         greeted,
-        seg,
+        seg: Some(seg),
         side: Side::Acceptor,
         cfg: inner.cfg.clone(),
     })

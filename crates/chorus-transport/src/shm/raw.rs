@@ -125,11 +125,7 @@ impl RawShm {
 
     /// Sets our closed word and wakes the peer.
     pub fn close(&mut self) {
-        let layout = *self.seg.layout();
-        self.seg
-            .word32(layout.closed(self.side))
-            .store(1, Ordering::SeqCst);
-        self.wake_peer();
+        self.seg.close(self.side);
     }
 
     fn wake_peer(&self) {

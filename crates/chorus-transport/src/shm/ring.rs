@@ -68,22 +68,39 @@ pub struct Layout {
     capacity: u64,
 }
 
-/// A segment or a ring index that breaks the format.
-#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+/// A segment or a ring index that breaks the format. (`Display` by hand: this file
+/// depends on nothing but `std`, so the fuzz target can build it alone.)
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub enum RingError {
-    #[error("segment of {0} bytes is too small for its header")]
     Short(usize),
-    #[error("segment magic is not chorus's")]
     Magic,
-    #[error("segment layout version {0} is not {VERSION}")]
     Version(u32),
-    #[error("ring capacity {0} is not a power of two in [{MIN_CAPACITY}, {MAX_CAPACITY}]")]
     Capacity(u64),
-    #[error("segment is {len} bytes, its header implies {want}")]
     Length { len: u64, want: u64 },
-    #[error("peer's ring index {index} is outside [{low}, {high}]")]
     Index { index: u64, low: u64, high: u64 },
 }
+
+impl std::fmt::Display for RingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RingError::Short(n) => write!(f, "segment of {n} bytes is too small for its header"),
+            RingError::Magic => f.write_str("segment magic is not chorus's"),
+            RingError::Version(v) => write!(f, "segment layout version {v} is not {VERSION}"),
+            RingError::Capacity(c) => write!(
+                f,
+                "ring capacity {c} is not a power of two in [{MIN_CAPACITY}, {MAX_CAPACITY}]"
+            ),
+            RingError::Length { len, want } => {
+                write!(f, "segment is {len} bytes, its header implies {want}")
+            }
+            RingError::Index { index, low, high } => {
+                write!(f, "peer's ring index {index} is outside [{low}, {high}]")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RingError {}
 
 impl Layout {
     /// The layout of a new segment; `capacity` is rounded up to a power of two within the

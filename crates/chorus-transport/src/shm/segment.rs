@@ -142,6 +142,16 @@ impl Segment {
         unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
     }
 
+    /// Sets side `s`'s one-way closed word and wakes the other side, whatever it sleeps
+    /// for: the connection-level close.
+    pub(crate) fn close(&self, s: Side) {
+        self.word32(self.layout.closed(s))
+            .store(1, std::sync::atomic::Ordering::SeqCst);
+        let bell = self.word32(self.layout.bell(s.peer()));
+        bell.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        super::futex::wake(bell);
+    }
+
     /// Copies `src` into the ring side `s` writes, at `spans` (which the ring's arithmetic
     /// keeps inside the ring; `src` is exactly their length).
     pub(crate) fn copy_in(&self, s: Side, spans: &Spans, src: &[u8]) {

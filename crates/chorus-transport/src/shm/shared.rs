@@ -18,6 +18,7 @@ use super::futex;
 use super::process::PeerProcess;
 use super::ring::{Consumer, Producer, Side};
 use super::segment::Segment;
+use crate::config::TransportConfig;
 use crate::matcher::Matcher;
 use crate::outbound::{self, Outbound};
 
@@ -49,21 +50,21 @@ pub(super) struct ReadState {
 }
 
 impl Shared {
+    /// The state of a link of `cfg` whose handshake left `decoder` and `outbound`.
     pub(super) fn new(
         seg: Segment,
         me: Side,
-        matcher: Arc<Matcher>,
         peer: Envelope,
         decoder: Decoder,
         outbound: Outbound,
         process: PeerProcess,
-        depart_timeout: Duration,
+        cfg: &TransportConfig,
     ) -> Shared {
         let layout = *seg.layout();
         Shared {
             seg,
             me,
-            matcher,
+            matcher: Arc::new(Matcher::new(peer.sender, cfg.held_limit, cfg.send_window)),
             peer,
             reader: Mutex::new(ReadState {
                 consumer: Consumer::new(&layout),
@@ -73,7 +74,7 @@ impl Shared {
             outbound: Arc::new(Mutex::new(outbound)),
             producer: Mutex::new(Producer::new(&layout)),
             process,
-            depart_timeout,
+            depart_timeout: cfg.depart_timeout,
             watching: AtomicBool::new(false),
         }
     }
@@ -132,8 +133,7 @@ impl Shared {
     /// Sets our one-way closed word and wakes the peer whatever it sleeps for: the
     /// connection-level close, seen by the peer whoever else maps the segment.
     pub(super) fn set_closed(&self) {
-        self.closed(self.me).store(1, Ordering::SeqCst);
-        self.ring(self.me.peer());
+        self.seg.close(self.me);
     }
 
     pub(super) fn peer_closed(&self) -> bool {
