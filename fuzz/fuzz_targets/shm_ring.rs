@@ -28,9 +28,9 @@ fuzz_target!(|data: &[u8]| {
     if let Some(tail) = data.len().checked_sub(32).and_then(|at| data.get(at..)) {
         let len = u64::from_le_bytes(tail[24..32].try_into().unwrap_or_default());
         if let Ok(layout) = ring::Layout::parse(&tail[..24], len) {
-            assert_eq!(layout.len() as u64, len);
+            assert_eq!(layout.size() as u64, len);
             for s in [ring::Side::Connector, ring::Side::Acceptor] {
-                assert!(layout.data(s).end <= layout.len());
+                assert!(layout.data(s).end <= layout.size());
             }
         }
     }

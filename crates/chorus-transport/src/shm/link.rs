@@ -93,7 +93,7 @@ impl ShmLink {
                 break None;
             }
             tries += 1;
-            if tries % 16 != 0 {
+            if !tries.is_multiple_of(16) {
                 // A load of the peer's tail is cheap: look a few times before yielding.
                 std::hint::spin_loop();
                 continue;

@@ -129,7 +129,7 @@ impl Layout {
             return Err(RingError::Capacity(capacity));
         }
         let layout = Layout { capacity };
-        let want = layout.len() as u64;
+        let want = layout.size() as u64;
         if len != want {
             return Err(RingError::Length { len, want });
         }
@@ -149,8 +149,8 @@ impl Layout {
         self.capacity
     }
 
-    /// The whole segment's length.
-    pub fn len(&self) -> usize {
+    /// The whole segment's length in bytes.
+    pub fn size(&self) -> usize {
         // `capacity <= MAX_CAPACITY`, so this cannot overflow a 64-bit usize.
         DATA_OFFSET + 2 * self.capacity as usize
     }
@@ -322,28 +322,28 @@ mod tests {
         let l = Layout::new(5000);
         assert_eq!(l.capacity(), 8192, "rounded up to a power of two");
         let h = l.header();
-        assert_eq!(Layout::parse(&h, l.len() as u64).unwrap(), l);
+        assert_eq!(Layout::parse(&h, l.size() as u64).unwrap(), l);
         assert_eq!(
-            Layout::parse(&h, l.len() as u64 - 1),
+            Layout::parse(&h, l.size() as u64 - 1),
             Err(RingError::Length {
-                len: l.len() as u64 - 1,
-                want: l.len() as u64
+                len: l.size() as u64 - 1,
+                want: l.size() as u64
             })
         );
         let mut bad = h;
         bad[0] ^= 1;
-        assert_eq!(Layout::parse(&bad, l.len() as u64), Err(RingError::Magic));
+        assert_eq!(Layout::parse(&bad, l.size() as u64), Err(RingError::Magic));
         let mut bad = h;
         bad[8] = 2;
         assert_eq!(
-            Layout::parse(&bad, l.len() as u64),
+            Layout::parse(&bad, l.size() as u64),
             Err(RingError::Version(2))
         );
         for cap in [0u64, 3, 2048, 4097, 1 << 40] {
             let mut bad = h;
             bad[16..24].copy_from_slice(&cap.to_le_bytes());
             assert_eq!(
-                Layout::parse(&bad, l.len() as u64),
+                Layout::parse(&bad, l.size() as u64),
                 Err(RingError::Capacity(cap))
             );
         }
@@ -373,7 +373,7 @@ mod tests {
             &golden[..],
             "the segment header changed: update SPEC.md"
         );
-        assert_eq!(Layout::parse(&golden, l.len() as u64), Ok(l));
+        assert_eq!(Layout::parse(&golden, l.size() as u64), Ok(l));
         let (c, a) = (Side::Connector, Side::Acceptor);
         assert_eq!([l.closed(c), l.bell(c), l.sleeping(c)], [128, 132, 136]);
         assert_eq!([l.closed(a), l.bell(a), l.sleeping(a)], [256, 260, 264]);
@@ -403,7 +403,7 @@ mod tests {
         }
         assert_eq!(l.data(Side::Connector), 4096..8192);
         assert_eq!(l.data(Side::Acceptor), 8192..12288);
-        assert_eq!(l.len(), 12288);
+        assert_eq!(l.size(), 12288);
     }
 
     #[test]

@@ -67,7 +67,7 @@ impl Segment {
             MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
         )
         .map_err(os("memfd_create"))?;
-        rustix::fs::ftruncate(&fd, layout.len() as u64).map_err(os("ftruncate"))?;
+        rustix::fs::ftruncate(&fd, layout.size() as u64).map_err(os("ftruncate"))?;
         rustix::fs::fcntl_add_seals(&fd, SEALS).map_err(os("seal"))?;
         let seg = Segment::map(fd, layout)?;
         let header = layout.header();
@@ -97,12 +97,12 @@ impl Segment {
     }
 
     fn map(fd: OwnedFd, layout: Layout) -> Result<Segment, SegmentError> {
-        // SAFETY: a fresh shared mapping of a sealed file of exactly `layout.len()` bytes;
+        // SAFETY: a fresh shared mapping of a sealed file of exactly `layout.size()` bytes;
         // no existing memory is affected.
         let ptr = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
-                layout.len(),
+                layout.size(),
                 ProtFlags::READ | ProtFlags::WRITE,
                 MapFlags::SHARED,
                 &fd,
@@ -128,7 +128,7 @@ impl Segment {
 
     /// The 32-bit word at `off` (a control word of the layout).
     pub(crate) fn word32(&self, off: usize) -> &AtomicU32 {
-        debug_assert!(off % 4 == 0 && off + 4 <= super::ring::DATA_OFFSET);
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= super::ring::DATA_OFFSET);
         // SAFETY: `off` is one of the layout's word offsets: aligned, inside the mapping,
         // which lives as long as `self`. Shared memory is only ever accessed atomically
         // here, so a concurrent write by the peer is not a data race.
@@ -137,7 +137,7 @@ impl Segment {
 
     /// The 64-bit word at `off` (a ring index).
     pub(crate) fn word64(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= super::ring::DATA_OFFSET);
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= super::ring::DATA_OFFSET);
         // SAFETY: as in `word32`.
         unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
     }
@@ -210,7 +210,7 @@ impl Drop for Segment {
     fn drop(&mut self) {
         // SAFETY: `base` and the length are those `mmap` returned; nothing borrows the
         // mapping past `self` (every accessor's borrow is tied to `&self`).
-        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.layout.len()) };
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.layout.size()) };
     }
 }
 
