@@ -92,6 +92,10 @@ pub struct TransportConfig {
     /// later. Each link narrows its window (to a sixteenth of this) while spins keep
     /// missing, and widens it back as they catch. Zero parks at once.
     pub recv_spin: Duration,
+    /// Bytes of each direction's ring in a shared-memory segment (rounded up to a power
+    /// of two); also the largest ring an accepted segment may declare. A frame larger than
+    /// the ring streams through it in pieces.
+    pub shm_ring: usize,
 }
 
 impl Default for TransportConfig {
@@ -112,6 +116,7 @@ impl Default for TransportConfig {
             uring_entries: 256,
             busy_poll: Duration::ZERO,
             recv_spin: Duration::from_micros(50),
+            shm_ring: 4 << 20,
         }
     }
 }

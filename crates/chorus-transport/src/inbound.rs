@@ -96,6 +96,12 @@ fn on_chunk(matcher: &Matcher, chunk: Chunk) -> Flow {
     }
 }
 
+/// The carrier found the stream broken below the frames (an shm ring index out of range):
+/// fail the link and close with `code`, like a frame that fails the rules.
+pub(crate) fn on_violation(matcher: &Matcher, code: CloseCode, detail: String) -> Flow {
+    violation(matcher, code, detail)
+}
+
 fn violation(matcher: &Matcher, code: CloseCode, detail: String) -> Flow {
     let depart = Depart::new(code, detail.clone());
     matcher.fail(LinkError::Protocol { code, detail });

@@ -1,9 +1,11 @@
 //! chorus-transport: implementations of the engine's `Link` port.
 //!
-//! Floor 3 of the house (`docs/ARCHITECTURE.md`): `tcp` over io_uring (with an epoll fallback) and
-//! `quic` over quinn + rustls, each with connection-level cancellation that no duplicated
-//! descriptor can defeat: a departure frame, then `shutdown(SHUT_RDWR)` before `close` (TCP) or
-//! `CONNECTION_CLOSE` with an application code (QUIC).
+//! Floor 3 of the house (`docs/ARCHITECTURE.md`): `tcp` over io_uring (with an epoll
+//! fallback), `quic` over quinn + rustls, and `shm` (same-host peers through a shared memfd
+//! segment), each with connection-level cancellation that no duplicated descriptor can
+//! defeat: a departure frame, then `shutdown(SHUT_RDWR)` before `close` (TCP),
+//! `CONNECTION_CLOSE` with an application code (QUIC), or a one-way closed word in the
+//! segment (shm).
 //!
 //! Every byte on every stream is the spec's: frames are made and read by
 //! `chorus_protocol`'s `Encoder` and `Decoder` (one of each per byte stream), and every
@@ -25,6 +27,8 @@ mod matcher;
 mod outbound;
 mod progress_thread;
 pub mod quic;
+pub mod shm;
+mod spin;
 pub mod tcp;
 
 pub use admission::{Admission, admit_all};
@@ -36,4 +40,5 @@ pub use config::{Backend, Backoff, Liveness, TransportConfig, ZeroCopy};
 pub use error::TransportError;
 pub use identity::{Fingerprint, Identity};
 pub use quic::{ControlChannel, QuicConnection, QuicEndpoint, QuicLink};
+pub use shm::{RawShm, ShmConnection, ShmLink, ShmListener, ShmTransport};
 pub use tcp::{BackendKind, RawConnection, TcpConnection, TcpLink, TcpListener, TcpTransport};

@@ -34,7 +34,8 @@ pub struct Config {
     /// `CHORUS_TEARDOWN_BUDGET` (default 2s).
     pub teardown_budget: Duration,
     /// Data-plane transport. `CHORUS_TRANSPORT` = `tcp` (io_uring, falling back to epoll),
-    /// `tcp-uring`, `tcp-epoll` or `quic` (default `tcp`).
+    /// `tcp-uring`, `tcp-epoll`, `quic`, or `shm` (shared memory with peers on this host,
+    /// `tcp` with the others) (default `tcp`).
     pub transport: TransportChoice,
     /// Whether same-host peers are watched by process id (pidfd), the fastest death evidence.
     /// `CHORUS_SAME_HOST_EVIDENCE` (default on).
@@ -88,6 +89,9 @@ pub enum TransportChoice {
     TcpEpoll,
     /// QUIC (encrypted).
     Quic,
+    /// Shared memory with peers on this host (same kernel boot and pid and network
+    /// namespaces), TCP (as `Tcp`) with the others.
+    Shm,
 }
 
 impl TransportChoice {
@@ -98,6 +102,7 @@ impl TransportChoice {
             TransportChoice::TcpUring => "tcp-uring",
             TransportChoice::TcpEpoll => "tcp-epoll",
             TransportChoice::Quic => "quic",
+            TransportChoice::Shm => "shm",
         }
     }
 }
@@ -117,7 +122,8 @@ impl FromStr for TransportChoice {
             "tcp-uring" | "uring" => Ok(TransportChoice::TcpUring),
             "tcp-epoll" | "epoll" => Ok(TransportChoice::TcpEpoll),
             "quic" => Ok(TransportChoice::Quic),
-            _ => Err("expected one of tcp, tcp-uring, tcp-epoll, quic".into()),
+            "shm" => Ok(TransportChoice::Shm),
+            _ => Err("expected one of tcp, tcp-uring, tcp-epoll, quic, shm".into()),
         }
     }
 }

@@ -22,10 +22,10 @@ use super::BackendKind;
 use super::epoll::EpollConn;
 use super::reader::{Pumped, Reader};
 use super::socket;
-use super::spin::{CROWDED_NAP, SpinBudget, a_core_is_free};
 use super::uring::UringConn;
 use crate::matcher::Matcher;
 use crate::outbound::{self, Outbound};
+use crate::spin::{CROWDED_NAP, SpinBudget, a_core_is_free};
 
 /// Frames whose payload is below this are written on the caller's thread when the stream
 /// is idle, whatever their size (the socket takes what fits, the writer the rest): each hop

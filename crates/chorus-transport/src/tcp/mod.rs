@@ -5,7 +5,6 @@ mod epoll;
 mod link;
 mod reader;
 pub(crate) mod socket;
-mod spin;
 mod teardown;
 mod uring;
 
@@ -335,7 +334,7 @@ impl TcpConnection {
             outbound,
             peer,
             io,
-            spin: spin::SpinBudget::new(cfg.recv_spin),
+            spin: crate::spin::SpinBudget::new(cfg.recv_spin),
         })
     }
 

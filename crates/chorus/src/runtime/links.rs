@@ -17,7 +17,7 @@ use chorus_transport::{Fingerprint, TransportError};
 use futures::future::try_join_all;
 
 use super::mailbox::{DataLink, not_yet};
-use super::{Session, millis, socket_addr, tokio_instant};
+use super::{Session, millis, same_host, socket_addr, tokio_instant};
 use crate::error::{Error, ErrorKind};
 
 /// Links from `me` to every other member of `members` (ordered by rank) for `comm` at
@@ -60,8 +60,13 @@ async fn connect(
     let addr = socket_addr(&peer.data);
     let route = Envelope::new(comm, epoch, me);
     let mut pause = Duration::from_millis(2);
+    // Shared memory with a peer on this host, until it proves unreachable that way.
+    let mut shm = same_host::wanted(session, peer);
     loop {
         let attempt = async {
+            if shm && let Some(t) = &session.shm {
+                return same_host::connect(t, route, peer).await;
+            }
             match &session.tcp {
                 Some(tcp) => tcp
                     .connect(addr, Role::Data, route, peer.rank)
@@ -85,6 +90,10 @@ async fn connect(
         let result = tokio::time::timeout_at(tokio_instant(deadline), attempt).await;
         match result {
             Ok(Ok(link)) => return Ok(link),
+            Ok(Err(e)) if shm && same_host::unreachable(&e) => {
+                tracing::debug!(peer = %peer.rank, "shm listener unreachable (another network namespace); using tcp");
+                shm = false;
+            }
             Ok(Err(e)) if retryable(&e) && Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(100));

@@ -22,6 +22,7 @@ pub(crate) mod mailbox;
 pub(crate) mod process_watch;
 pub(crate) mod registry;
 pub(crate) mod root;
+pub(crate) mod same_host;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -31,8 +32,8 @@ use std::time::{Duration, Instant};
 use chorus_protocol::message::{PeerInfo, Role, WireAddr};
 use chorus_protocol::{CloseCode, JobSecret, Rank};
 use chorus_transport::{
-    Backend, Identity, Liveness, QuicEndpoint, TcpListener, TcpTransport, TransportConfig,
-    TransportError,
+    Backend, Identity, Liveness, QuicEndpoint, ShmListener, ShmTransport, TcpListener,
+    TcpTransport, TransportConfig, TransportError,
 };
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
@@ -61,6 +62,10 @@ pub(crate) struct Session {
     /// The TCP transport for data links (`None` when data goes over QUIC).
     pub(crate) tcp: Option<TcpTransport>,
     pub(crate) data_addr: SocketAddr,
+    /// The shm transport for same-host data links (`CHORUS_TRANSPORT=shm` only).
+    pub(crate) shm: Option<ShmTransport>,
+    /// Its listener, until the accept loops start.
+    shm_listener: Mutex<Option<ShmListener>>,
     pub(crate) registry: Arc<Registry>,
     /// Distinguishes this process's incarnation in peer tables.
     pub(crate) incarnation: u64,
@@ -202,15 +207,25 @@ impl Session {
         let (tcp, listener, data_addr) = match config.transport {
             TransportChoice::Quic => (None, None, control_addr),
             _ => {
-                let tcp = TcpTransport::new(tcfg, secret.clone())
+                let tcp = TcpTransport::new(tcfg.clone(), secret.clone())
                     .map_err(|e| transport_error("cannot start the TCP transport", e))?;
                 let listener = tcp
-                    .listen(SocketAddr::new(config.bind, 0), data_admission)
+                    .listen(SocketAddr::new(config.bind, 0), data_admission.clone())
                     .await
                     .map_err(|e| transport_error("cannot listen for data links", e))?;
                 let addr = listener.local_addr();
                 (Some(tcp), Some(listener), addr)
             }
+        };
+        let (shm, shm_listener) = match config.transport {
+            TransportChoice::Shm => {
+                let fingerprint = identity.fingerprint().0;
+                let (t, l) = same_host::listen(&tcfg, &secret, &fingerprint, data_admission)
+                    .await
+                    .map_err(|e| transport_error("cannot listen for shm data links", e))?;
+                (Some(t), Some(l))
+            }
+            _ => (None, None),
         };
         tracing::debug!(%control_addr, %data_addr, "session bound");
         let session = Arc::new(Session {
@@ -225,6 +240,8 @@ impl Session {
             control_addr,
             tcp,
             data_addr,
+            shm,
+            shm_listener: Mutex::new(shm_listener),
             registry,
             live: std::sync::atomic::AtomicUsize::new(0),
             stop: Mutex::new(Some(stop)),
@@ -253,6 +270,9 @@ impl Session {
         let mut caps = chorus_protocol::caps::QUIC;
         if self.tcp.is_some() {
             caps |= chorus_protocol::caps::TCP;
+        }
+        if self.shm.is_some() {
+            caps |= chorus_protocol::caps::SHM;
         }
         PeerInfo {
             rank,
@@ -283,6 +303,10 @@ impl Session {
     }
 
     fn spawn_accept_loops(self: &Arc<Self>, listener: Option<TcpListener>) {
+        let shm = self.shm_listener.lock().take();
+        if let Some(shm) = shm {
+            same_host::spawn_accept_loop(self, shm);
+        }
         let weak = Arc::downgrade(self);
         let quic = self.quic.clone();
         self.handle.spawn(async move {
@@ -395,7 +419,7 @@ fn transport_config(config: &Config) -> TransportConfig {
         backend: match config.transport {
             TransportChoice::TcpUring => Backend::Uring,
             TransportChoice::TcpEpoll => Backend::Epoll,
-            TransportChoice::Tcp | TransportChoice::Quic => Backend::Auto,
+            TransportChoice::Tcp | TransportChoice::Quic | TransportChoice::Shm => Backend::Auto,
         },
         connect_timeout: config.init_timeout,
         ..TransportConfig::default()

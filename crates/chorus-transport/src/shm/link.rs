@@ -1,0 +1,225 @@
+//! `ShmLink`: the engine's `Link` over one segment shared with a peer on this host.
+//!
+//! A `send` that finds the stream idle copies its frame into our ring on the caller's
+//! thread; only what the ring has no room for goes to the pump. A `recv` that finds nothing
+//! held reads the peer's ring itself for a while (the same adaptive, crowded-core-aware
+//! window as TCP's, `tcp/spin.rs`), then parks and leaves the ring to the pump, which the
+//! peer wakes through the segment's futex.
+//!
+//! Leaving is a `Depart` frame in the ring, then the one-way closed word and a wake-up:
+//! nothing depends on who else holds the segment's descriptor (principle 1).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
+use chorus_protocol::message::Depart;
+use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
+
+use super::reader::Pumped;
+use super::shared::Shared;
+use crate::outbound;
+use crate::spin::{CROWDED_NAP, SpinBudget, a_core_is_free};
+
+/// A data link to one peer through shared memory. Cancel it (or drop it) to leave.
+#[derive(Debug)]
+pub struct ShmLink {
+    pub(super) shared: Arc<Shared>,
+    pub(super) spin: SpinBudget,
+}
+
+impl ShmLink {
+    /// The communicator and epoch this link serves.
+    pub fn comm(&self) -> (CommId, Epoch) {
+        (self.shared.peer.comm, self.shared.peer.epoch)
+    }
+
+    /// The peer's process id, as the kernel gave it at the handshake.
+    pub fn peer_pid(&self) -> i32 {
+        self.shared.process.pid()
+    }
+
+    fn leave(&self, reason: CancelReason) {
+        let depart = self
+            .shared
+            .matcher
+            .fail(LinkError::Cancelled(reason.clone()))
+            .then(|| Depart::new(reason.code, reason.detail.to_string()));
+        self.shared.close(depart);
+    }
+
+    async fn recv_chunk(&self, tag: Tag) -> Result<Bytes, LinkError> {
+        if let Some(result) = self.spin(&tag) {
+            return result;
+        }
+        let s = &*self.shared;
+        let mut waiting = match s.matcher.register(tag) {
+            Ok(waiting) => waiting,
+            Err(result) => return result,
+        };
+        self.read_ring();
+        if let Some(result) = waiting.try_result() {
+            return result;
+        }
+        if !s.watching.load(std::sync::atomic::Ordering::SeqCst) {
+            s.kick();
+        }
+        waiting.await
+    }
+
+    /// Reads the peer's ring on this thread until `tag`'s payload (or the link's failure)
+    /// is here or the spin window has passed; `None` then.
+    fn spin(&self, tag: &Tag) -> Option<Result<Bytes, LinkError>> {
+        let matcher = &self.shared.matcher;
+        if let Some(result) = matcher.take(tag) {
+            return Some(result);
+        }
+        let window = self.spin.window();
+        if window.is_zero() {
+            return None;
+        }
+        let start = Instant::now();
+        let mut crowded = false;
+        let mut tries = 0u32;
+        let result = loop {
+            self.read_ring();
+            if let Some(result) = matcher.take(tag) {
+                self.spin.caught();
+                break Some(result);
+            }
+            if start.elapsed() >= window {
+                self.spin.missed();
+                break None;
+            }
+            tries += 1;
+            if !tries.is_multiple_of(16) {
+                // A load of the peer's tail is cheap: look a few times before yielding.
+                std::hint::spin_loop();
+                continue;
+            }
+            let yielding = Instant::now();
+            std::thread::yield_now();
+            if SpinBudget::crowded(yielding.elapsed()) {
+                crowded = true;
+                if self.spin.nap_now(a_core_is_free) {
+                    std::thread::sleep(CROWDED_NAP);
+                }
+            }
+        };
+        self.spin.spun(crowded);
+        result
+    }
+
+    fn read_ring(&self) {
+        if let Pumped::Close(depart) = self.shared.try_pump() {
+            self.shared.close(depart);
+        }
+    }
+
+    /// Writes the frame on this thread if the stream is idle; queues the rest for the pump.
+    async fn send_frame(
+        &self,
+        len: usize,
+        admit: impl FnOnce(&mut outbound::Outbound) -> Result<outbound::OutFrame, LinkError>,
+        data: Option<&[u8]>,
+    ) -> Result<(), LinkError> {
+        let s = &*self.shared;
+        let (mut out, mut frame, credit) =
+            outbound::admit_under_credit(&s.outbound, &s.matcher, len, admit).await?;
+        let mut written = 0;
+        if out.is_idle() {
+            let parts = match data {
+                Some(d) => [&frame.head[..], d],
+                None => {
+                    let (h, p) = frame.rest();
+                    [h, p]
+                }
+            };
+            let total = parts[0].len() + parts[1].len();
+            let result = {
+                let mut producer = s.producer.lock();
+                s.write_some(&mut producer, parts)
+            };
+            match result {
+                Ok(n) => written = n,
+                Err(err) => {
+                    drop(out);
+                    s.matcher.release(credit);
+                    s.matcher.fail(err.clone());
+                    s.close(None);
+                    return Err(err);
+                }
+            }
+            if written == total {
+                drop(out);
+                s.matcher.release(credit);
+                return Ok(());
+            }
+        }
+        match data {
+            Some(d) => frame.rest_of(d, written),
+            None => frame.off += written,
+        }
+        frame.credit = Some(credit);
+        let wake = out.push(frame);
+        drop(out);
+        if wake {
+            s.kick();
+        }
+        Ok(())
+    }
+}
+
+impl Link<Bytes> for ShmLink {
+    fn peer(&self) -> Rank {
+        self.shared.matcher.peer()
+    }
+
+    fn send(&self, tag: Tag, payload: Bytes) -> LinkFuture<'_, ()> {
+        Box::pin(async move {
+            let matcher = &*self.shared.matcher;
+            let len = payload.len();
+            self.send_frame(len, |out| out.admit(matcher, &tag, payload), None)
+                .await
+        })
+    }
+
+    fn send_bytes<'a>(&'a self, tag: Tag, data: &'a [u8]) -> Option<LinkFuture<'a, ()>> {
+        Some(Box::pin(async move {
+            let matcher = &*self.shared.matcher;
+            self.send_frame(
+                data.len(),
+                |out| out.admit_len(matcher, &tag, data.len()),
+                Some(data),
+            )
+            .await
+        }))
+    }
+
+    fn recv(&self, tag: Tag) -> LinkFuture<'_, Bytes> {
+        Box::pin(self.recv_chunk(tag))
+    }
+
+    fn cancel(&self, reason: CancelReason) {
+        self.leave(reason);
+    }
+
+    fn failure(&self) -> Option<LinkError> {
+        self.shared.matcher.terminal()
+    }
+
+    fn is_flushed(&self) -> bool {
+        let s = &*self.shared;
+        if s.matcher.terminal().is_some() {
+            return true;
+        }
+        s.outbound.lock().is_idle() && s.ring_drained()
+    }
+}
+
+impl Drop for ShmLink {
+    fn drop(&mut self) {
+        self.leave(CancelReason::new(CloseCode::NORMAL, "link dropped"));
+    }
+}

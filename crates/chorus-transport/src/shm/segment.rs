@@ -1,0 +1,284 @@
+//! A segment: one anonymous shared mapping (a sealed `memfd`) two ranks share, holding the
+//! control words and the two rings of `ring.rs`'s layout.
+//!
+//! The memfd has no name in any filesystem (`/dev/shm` stays empty) and dies with the last
+//! mapping or descriptor, so a SIGKILLed rank leaves nothing behind. The creator seals it
+//! against shrinking and growing before it passes it on, and the receiver refuses a memfd
+//! without those seals: a peer that could shrink the file would make our next access to the
+//! vanished pages a `SIGBUS`.
+//!
+//! This is the only place in the shm transport that dereferences the mapping. The peer can
+//! write any byte at any time; so words are only ever accessed atomically, ring bytes are
+//! only ever copied (never referenced in place), and every offset comes from the checked
+//! [`Layout`], never from the segment's contents.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+use super::ring::{Layout, RingError, Side, Spans};
+
+/// The seals a segment must carry: its size is fixed for its whole life.
+const SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
+
+/// A mapped segment. Dropping it unmaps it.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    base: NonNull<u8>,
+    layout: Layout,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain shared memory; every access through `Segment` is an atomic
+// word or a copy, both fine from any thread.
+unsafe impl Send for Segment {}
+// SAFETY: as above; `&Segment` hands out only atomics and copies.
+unsafe impl Sync for Segment {}
+
+/// Why a segment could not be made or accepted.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SegmentError {
+    #[error("{what}: {source}")]
+    Os {
+        what: &'static str,
+        source: rustix::io::Errno,
+    },
+    #[error("segment is not sealed against resizing")]
+    Unsealed,
+    #[error("{0}")]
+    Format(#[from] RingError),
+}
+
+fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> SegmentError {
+    move |source| SegmentError::Os { what, source }
+}
+
+impl Segment {
+    /// Creates, sizes, seals and maps a new segment with rings of (about) `capacity` bytes.
+    pub(crate) fn create(capacity: usize) -> Result<Segment, SegmentError> {
+        let layout = Layout::new(capacity);
+        let fd = rustix::fs::memfd_create(
+            "chorus-shm",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(os("memfd_create"))?;
+        rustix::fs::ftruncate(&fd, layout.size() as u64).map_err(os("ftruncate"))?;
+        rustix::fs::fcntl_add_seals(&fd, SEALS).map_err(os("seal"))?;
+        let seg = Segment::map(fd, layout)?;
+        let header = layout.header();
+        // SAFETY: the mapping is at least `DATA_OFFSET` bytes and nobody else has it yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_ptr(), seg.base.as_ptr(), header.len());
+        }
+        Ok(seg)
+    }
+
+    /// Accepts a segment a peer passed: sealed, its header well formed, its length the one
+    /// the header implies.
+    pub(crate) fn accept(fd: OwnedFd, max_capacity: usize) -> Result<Segment, SegmentError> {
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(os("get seals"))?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(SegmentError::Unsealed);
+        }
+        let len = rustix::fs::fstat(&fd).map_err(os("fstat"))?.st_size;
+        let len = u64::try_from(len).unwrap_or(0);
+        let mut header = [0u8; 24];
+        let n = rustix::io::pread(&fd, &mut header, 0).map_err(os("read segment header"))?;
+        let layout = Layout::parse(&header[..n], len)?;
+        if layout.capacity() > max_capacity.max(1) as u64 {
+            return Err(RingError::Capacity(layout.capacity()).into());
+        }
+        Segment::map(fd, layout)
+    }
+
+    fn map(fd: OwnedFd, layout: Layout) -> Result<Segment, SegmentError> {
+        // SAFETY: a fresh shared mapping of a sealed file of exactly `layout.size()` bytes;
+        // no existing memory is affected.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                layout.size(),
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(os("mmap"))?;
+        let base = NonNull::new(ptr.cast::<u8>()).ok_or(SegmentError::Os {
+            what: "mmap",
+            source: rustix::io::Errno::NOMEM,
+        })?;
+        Ok(Segment { base, layout, fd })
+    }
+
+    pub(crate) fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The descriptor, to pass to the peer.
+    pub(crate) fn fd(&self) -> impl AsFd + '_ {
+        self.fd.as_fd()
+    }
+
+    /// The 32-bit word at `off` (a control word of the layout).
+    pub(crate) fn word32(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= super::ring::DATA_OFFSET);
+        // SAFETY: `off` is one of the layout's word offsets: aligned, inside the mapping,
+        // which lives as long as `self`. Shared memory is only ever accessed atomically
+        // here, so a concurrent write by the peer is not a data race.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+
+    /// The 64-bit word at `off` (a ring index).
+    pub(crate) fn word64(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= super::ring::DATA_OFFSET);
+        // SAFETY: as in `word32`.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    /// Sets side `s`'s one-way closed word and wakes the other side, whatever it sleeps
+    /// for: the connection-level close.
+    pub(crate) fn close(&self, s: Side) {
+        self.word32(self.layout.closed(s))
+            .store(1, std::sync::atomic::Ordering::SeqCst);
+        let bell = self.word32(self.layout.bell(s.peer()));
+        bell.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        super::futex::wake(bell);
+    }
+
+    /// Copies `src` into the ring side `s` writes, at `spans` (which the ring's arithmetic
+    /// keeps inside the ring; `src` is exactly their length).
+    pub(crate) fn copy_in(&self, s: Side, spans: &Spans, src: &[u8]) {
+        let data = self.layout.data(s);
+        let (a, b) = src.split_at(spans.first.len().min(src.len()));
+        for (span, part) in [(&spans.first, a), (&spans.second, b)] {
+            let n = part.len().min(span.len());
+            if n == 0 {
+                continue;
+            }
+            assert!(
+                data.start + span.start + n <= data.end,
+                "span outside the ring"
+            );
+            // SAFETY: the destination lies inside the mapping (asserted above) and cannot
+            // overlap `src`, which is private memory. The peer may read these bytes while
+            // we write them; it only ever copies them, so the worst it sees is garbage.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    part.as_ptr(),
+                    self.base.as_ptr().add(data.start + span.start),
+                    n,
+                );
+            }
+        }
+    }
+
+    /// Appends the bytes at `spans` of the ring side `s` writes to `dst`.
+    pub(crate) fn copy_out(&self, s: Side, spans: &Spans, dst: &mut bytes::BytesMut) {
+        let data = self.layout.data(s);
+        dst.reserve(spans.len());
+        for span in [&spans.first, &spans.second] {
+            if span.is_empty() {
+                continue;
+            }
+            assert!(data.start + span.end <= data.end, "span outside the ring");
+            let spare = dst.spare_capacity_mut();
+            let n = span.len().min(spare.len());
+            // SAFETY: the source lies inside the mapping (asserted above); the destination
+            // is `n` bytes of `dst`'s spare capacity, private memory. The peer may write
+            // the source meanwhile; the bytes are copied, then parsed, so garbage is a
+            // protocol error, never unsoundness.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.base.as_ptr().add(data.start + span.start),
+                    spare.as_mut_ptr().cast::<u8>(),
+                    n,
+                );
+                dst.set_len(dst.len() + n);
+            }
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: `base` and the length are those `mmap` returned; nothing borrows the
+        // mapping past `self` (every accessor's borrow is tied to `&self`).
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.layout.size()) };
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::shm::ring::{Consumer, Producer};
+
+    fn dup(seg: &Segment) -> OwnedFd {
+        seg.fd().as_fd().try_clone_to_owned().unwrap()
+    }
+
+    #[test]
+    fn a_second_mapping_sees_the_first_ones_words_and_bytes() {
+        let a = Segment::create(4096).unwrap();
+        let b = Segment::accept(dup(&a), 1 << 20).unwrap();
+        a.word32(a.layout().bell(Side::Acceptor))
+            .store(7, Ordering::SeqCst);
+        assert_eq!(
+            b.word32(b.layout().bell(Side::Acceptor))
+                .load(Ordering::SeqCst),
+            7
+        );
+        let l = *a.layout();
+        let (mut p, mut c) = (Producer::new(&l), Consumer::new(&l));
+        for round in 0..3u8 {
+            let msg: Vec<u8> = (0..3000).map(|i| (i as u8) ^ round).collect();
+            let w = p.writable(c.head(), msg.len()).unwrap();
+            a.copy_in(Side::Connector, &w, &msg);
+            let tail = p.produce(msg.len());
+            let r = c.readable(tail, usize::MAX).unwrap();
+            let mut out = bytes::BytesMut::new();
+            b.copy_out(Side::Connector, &r, &mut out);
+            c.consume(r.len());
+            assert_eq!(&out[..], &msg[..], "round {round} (the second wraps)");
+        }
+    }
+
+    #[test]
+    fn an_unsealed_or_malformed_segment_is_refused() {
+        let fd = rustix::fs::memfd_create("t", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, 12288).unwrap();
+        assert!(matches!(
+            Segment::accept(fd, 1 << 20),
+            Err(SegmentError::Unsealed)
+        ));
+        let fd =
+            rustix::fs::memfd_create("t", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        rustix::fs::ftruncate(&fd, 12288).unwrap();
+        rustix::fs::fcntl_add_seals(&fd, SEALS).unwrap();
+        assert!(matches!(
+            Segment::accept(fd, 1 << 20),
+            Err(SegmentError::Format(RingError::Magic))
+        ));
+        let big = Segment::create(1 << 16).unwrap();
+        assert!(matches!(
+            Segment::accept(dup(&big), 4096),
+            Err(SegmentError::Format(RingError::Capacity(_)))
+        ));
+    }
+
+    #[test]
+    fn a_sealed_segment_cannot_be_shrunk_by_its_peer() {
+        let a = Segment::create(4096).unwrap();
+        let fd = dup(&a);
+        assert!(rustix::fs::ftruncate(&fd, 100).is_err());
+    }
+}

@@ -1,0 +1,600 @@
+//! The shm transport: set-up and authentication, the `Link` contract (the shared suite's
+//! cancel body included), departure versus crash, a forked holder, hostile bytes and
+//! indices in the ring, bounded memory, and cleanup after a killed peer. The engine's
+//! correctness matrix over shm links is `shm_matrix.rs`.
+
+#![allow(clippy::unwrap_used, clippy::print_stderr)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use chorus_engine::link::{CancelReason, Link, LinkError};
+use chorus_protocol::message::{ChunkHeader, Depart, Message, Role};
+use chorus_protocol::{CloseCode, DType, JobSecret, OpSeq, Rank};
+use chorus_transport::{
+    RawShm, ShmLink, ShmListener, ShmTransport, TransportConfig, admit_all, fresh,
+};
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Every test of this binary shares the process's descriptor table: the cleanup test
+/// counts it alone (write), the others run side by side (read).
+static FDS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared_fds() -> std::sync::RwLockReadGuard<'static, ()> {
+    FDS.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f` beside the other tests, on a runtime made after taking the lock (a runtime
+/// has descriptors of its own).
+fn shared<F: std::future::Future>(f: F) -> F::Output {
+    let _fds = shared_fds();
+    runtime().block_on(f)
+}
+
+/// Runs `f` with no other test running, so that it may count the process's descriptors.
+fn alone<F: std::future::Future>(f: F) -> F::Output {
+    let _alone = FDS.write().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(f)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn config() -> TransportConfig {
+    TransportConfig {
+        handshake_timeout: Duration::from_millis(500),
+        connect_timeout: Duration::from_secs(5),
+        ..TransportConfig::default()
+    }
+}
+
+fn transport(cfg: Option<TransportConfig>) -> (ShmTransport, JobSecret) {
+    let secret = fresh::job_secret();
+    let t = ShmTransport::new(cfg.unwrap_or_else(config), secret.clone()).unwrap();
+    (t, secret)
+}
+
+async fn listener(t: &ShmTransport, rank: u32) -> ShmListener {
+    t.listen(admit_all(Rank(rank))).await.unwrap()
+}
+
+/// Two linked ends: (rank 1's link to rank 0, rank 0's link to rank 1).
+async fn pair(t: &ShmTransport, l: &mut ShmListener) -> (ShmLink, ShmLink) {
+    let name = l.name().to_owned();
+    let (c, a) = tokio::join!(
+        t.connect(&name, Role::Data, route(1), Rank(0)),
+        l.accept(WAIT)
+    );
+    (
+        c.unwrap().into_link().unwrap(),
+        a.unwrap().into_link().unwrap(),
+    )
+}
+
+/// Rank 0's link to rank 1, and rank 1's end of the segment, raw.
+async fn link_and_raw(t: &ShmTransport, l: &mut ShmListener) -> (ShmLink, RawShm) {
+    let name = l.name().to_owned();
+    let (c, a) = tokio::join!(
+        t.connect(&name, Role::Data, route(1), Rank(0)),
+        l.accept(WAIT)
+    );
+    (
+        a.unwrap().into_link().unwrap(),
+        c.unwrap().into_raw().unwrap(),
+    )
+}
+
+async fn transfer(a: &ShmLink, b: &ShmLink, op: u64, len: usize) {
+    let payload = pattern(len, op as u8);
+    let (s, r) = tokio::join!(a.send(tag(op, 0), payload.clone()), b.recv(tag(op, 0)));
+    s.unwrap();
+    assert!(r.unwrap() == payload, "payload of {len} bytes corrupted");
+}
+
+/// The next message the raw end decodes from what the link wrote, within `within`.
+fn next_message(raw: &mut RawShm, within: Duration) -> Option<Message> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(frame) = raw.decoder.next().unwrap() {
+            return Some(frame.message);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        let bytes = raw.read(Duration::from_millis(20));
+        raw.decoder.push(&bytes);
+    }
+}
+
+fn chunk_prefix(raw: &mut RawShm, op: u64, len: usize) -> BytesMut {
+    let header = ChunkHeader::new(
+        chorus_protocol::Collective::AllReduce,
+        DType::U8,
+        OpSeq(op),
+        0,
+        0,
+    );
+    let mut frame = BytesMut::new();
+    let me = raw.me;
+    raw.encoder
+        .encode_chunk_prefix(&me, &header, len, &mut frame)
+        .unwrap();
+    frame
+}
+
+fn protocol_violation(r: &Result<Bytes, LinkError>) -> bool {
+    matches!(
+        r,
+        Err(LinkError::Protocol {
+            code: CloseCode::PROTOCOL_VIOLATION,
+            ..
+        })
+    )
+}
+
+#[test]
+fn round_trip_every_size_both_ways_and_early_arrivals_are_held() {
+    shared(async {
+        let cfg = TransportConfig {
+            // A small ring: large payloads stream through it many times over.
+            shm_ring: 64 << 10,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        for (i, len) in [0, 1, 100, 65_536 - 64, 65_536, 300_000, 4 << 20, 16 << 20]
+            .into_iter()
+            .enumerate()
+        {
+            transfer(&a, &b, i as u64, len).await;
+            transfer(&b, &a, 100 + i as u64, len).await;
+        }
+        for step in 0..10 {
+            a.send(tag(500, step), pattern(1000, step as u8))
+                .await
+                .unwrap();
+        }
+        for step in (0..10).rev() {
+            assert_eq!(
+                b.recv(tag(500, step)).await.unwrap(),
+                pattern(1000, step as u8)
+            );
+        }
+        // Borrowed bytes: what the ring did not take is copied before the send resolves.
+        let mut data = pattern(1 << 20, 9).to_vec();
+        a.send_bytes(tag(600, 0), &data).unwrap().await.unwrap();
+        data.iter_mut().for_each(|x| *x = !*x);
+        assert!(b.recv(tag(600, 0)).await.unwrap() == pattern(1 << 20, 9));
+    });
+}
+
+#[test]
+fn mismatched_collective_is_named() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let mut other = tag(1, 0);
+        other.collective = chorus_protocol::Collective::Broadcast;
+        a.send(other, Bytes::from_static(b"x")).await.unwrap();
+        let err = b.recv(tag(1, 0)).await.unwrap_err();
+        assert_eq!(
+            err,
+            LinkError::TagMismatch {
+                expected: tag(1, 0),
+                got: other
+            }
+        );
+    });
+}
+
+#[test]
+fn cancel_is_local_immediate_and_the_peer_sees_the_code() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        cancel_is_local_and_immediate(&a, &b, "test abort", WAIT).await;
+    });
+}
+
+/// A parked receive (no spin) is woken by the peer's data through the futex, and by the
+/// peer's abort word at once.
+#[test]
+fn a_parked_receive_wakes_for_data_and_at_once_for_the_peers_abort() {
+    shared(async {
+        let cfg = TransportConfig {
+            recv_spin: Duration::ZERO,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        let b = Arc::new(b);
+        for op in 0..3 {
+            let pending = tokio::spawn({
+                let b = b.clone();
+                async move { b.recv(tag(op, 0)).await }
+            });
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            a.send(tag(op, 0), pattern(100, op as u8)).await.unwrap();
+            let got = tokio::time::timeout(WAIT, pending).await.unwrap().unwrap();
+            assert_eq!(got.unwrap(), pattern(100, op as u8));
+        }
+        let pending = tokio::spawn({
+            let b = b.clone();
+            async move { b.recv(tag(9, 0)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let t0 = Instant::now();
+        a.cancel(CancelReason::new(CloseCode::ABORTED, "abort word"));
+        let got = tokio::time::timeout(WAIT, pending).await.unwrap().unwrap();
+        let woke = t0.elapsed();
+        assert_eq!(
+            got,
+            Err(LinkError::PeerDeparted {
+                code: CloseCode::ABORTED,
+                detail: "abort word".into()
+            })
+        );
+        // At once: well inside the pump's idle wait, far inside 250 ms on a loaded machine.
+        assert!(woke < Duration::from_millis(250), "woke after {woke:?}");
+    });
+}
+
+/// Seed 000 on shm: a forked child maps the segment and holds every descriptor; the
+/// departure still reaches the peer at once, because nothing waits for the last
+/// descriptor to close.
+#[test]
+fn a_departure_reaches_the_peer_despite_a_forked_holder() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        transfer(&a, &b, 1, 1000).await;
+        let holder = fork_holder();
+        let pending = b.recv(tag(2, 0));
+        let t0 = Instant::now();
+        a.cancel(CancelReason::new(CloseCode::ABORTED, "seed 000"));
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        let seen = t0.elapsed();
+        assert!(
+            holder.alive(),
+            "the forked holder must still hold the segment"
+        );
+        assert_eq!(
+            r,
+            Err(LinkError::PeerDeparted {
+                code: CloseCode::ABORTED,
+                detail: "seed 000".into()
+            })
+        );
+        assert!(
+            seen < Duration::from_millis(250),
+            "peer saw it after {seen:?}"
+        );
+        drop(holder);
+    });
+}
+
+/// The raw end sees exactly the spec's frames: the chunk, then the departure, then the
+/// closed word.
+#[test]
+fn the_ring_carries_the_specs_frames_then_the_closed_word() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (a, mut raw) = link_and_raw(&t, &mut l).await;
+        a.send(tag(1, 0), pattern(5000, 1)).await.unwrap();
+        a.cancel(CancelReason::new(CloseCode::LEFT, "bye"));
+        let observer = tokio::task::spawn_blocking(move || {
+            let chunk = next_message(&mut raw, WAIT);
+            let depart = next_message(&mut raw, WAIT);
+            let deadline = Instant::now() + WAIT;
+            while !raw.peer_closed() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (chunk, depart, raw.peer_closed())
+        });
+        let (chunk, depart, closed) = observer.await.unwrap();
+        match chunk {
+            Some(Message::Chunk(c)) => assert!(c.payload == pattern(5000, 1)),
+            other => panic!("expected the chunk, got {other:?}"),
+        }
+        assert_eq!(
+            depart,
+            Some(Message::Depart(Depart::new(CloseCode::LEFT, "bye")))
+        );
+        assert!(closed, "the closed word follows the departure");
+    });
+}
+
+/// Departure versus crash: a peer that closes its side without a departure is a lost
+/// connection; with one, a departure with its code.
+#[test]
+fn a_closed_word_without_a_departure_is_a_lost_connection() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let pending = link.recv(tag(1, 0));
+        raw.close();
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
+    });
+}
+
+/// A connection the acceptor drops without making a link (refused by its runtime, say)
+/// ends the connector's link at once, not at some heartbeat deadline.
+#[test]
+fn a_connection_dropped_unused_ends_the_peers_link() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let name = l.name().to_owned();
+        let (c, a) = tokio::join!(
+            t.connect(&name, Role::Data, route(1), Rank(0)),
+            l.accept(WAIT)
+        );
+        let link = c.unwrap().into_link().unwrap();
+        let pending = link.recv(tag(1, 0));
+        drop(a.unwrap());
+        let r = tokio::time::timeout(Duration::from_secs(2), pending)
+            .await
+            .expect("the dropped connection went unnoticed");
+        assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
+    });
+}
+
+/// Hostile input: a chunk claiming 4 GiB, a tail more than a ring ahead, a garbage
+/// header. Each closes the link with a protocol violation and a departure; none reads
+/// outside the segment or allocates what the frame claims.
+#[test]
+fn bad_bytes_and_bad_indices_are_violations_never_reads_out_of_bounds() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let pending = link.recv(tag(1, 0));
+        let mut frame = chunk_prefix(&mut raw, 1, 0);
+        frame[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+        raw.write(&frame, WAIT);
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        assert!(protocol_violation(&r), "lying length: {r:?}");
+        let seen = tokio::task::spawn_blocking(move || next_message(&mut raw, WAIT))
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                seen,
+                Some(Message::Depart(Depart {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    ..
+                }))
+            ),
+            "{seen:?}"
+        );
+
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let pending = link.recv(tag(1, 0));
+        let past = raw.tail() + (t.config().shm_ring as u64) * 4 + 1;
+        raw.set_tail(past);
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        assert!(protocol_violation(&r), "tail past the ring: {r:?}");
+        let _ = raw;
+
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let pending = link.recv(tag(1, 0));
+        raw.write(&[0xee; 64], WAIT);
+        let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+        assert!(
+            matches!(r, Err(LinkError::Protocol { .. })),
+            "garbage header: {r:?}"
+        );
+    });
+}
+
+/// Bounded memory whatever the peer sends: payloads nobody asked for past the held limit
+/// fail the link with `Overflow`, and the sender sees the violation's departure.
+#[test]
+fn unclaimed_data_past_the_bound_overflows() {
+    shared(async {
+        let cfg = TransportConfig {
+            held_limit: 1 << 20,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        for step in 0..3 {
+            let _ = a.send(tag(1, step), pattern(600_000, 0)).await;
+        }
+        let r = tokio::time::timeout(WAIT, b.recv(tag(2, 0))).await.unwrap();
+        assert!(
+            matches!(
+                r,
+                Err(LinkError::Overflow {
+                    limit: 1_048_576,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        let r = tokio::time::timeout(WAIT, a.recv(tag(3, 0))).await.unwrap();
+        assert!(
+            matches!(
+                r,
+                Err(LinkError::PeerDeparted {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    });
+}
+
+/// A stranger without the job secret is refused in the handshake and never gets a
+/// segment; the listener goes on serving good peers.
+#[test]
+fn a_stranger_is_refused_and_good_peers_still_link() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (stranger, _) = transport(None);
+        let r = stranger
+            .connect(l.name(), Role::Data, route(1), Rank(0))
+            .await;
+        assert!(r.is_err(), "a wrong secret must not link");
+        let (a, b) = pair(&t, &mut l).await;
+        transfer(&a, &b, 1, 10).await;
+    });
+}
+
+/// A SIGKILLed peer process is seen through its pidfd: a pending receive fails with a
+/// lost connection, and after the job nothing is left behind: no file in /dev/shm, no
+/// descriptor in this process beyond those it had before.
+#[test]
+fn a_killed_peer_fails_pending_ops_and_leaves_nothing_behind() {
+    alone(async {
+        let shm_before = dev_shm();
+        let fds_before = open_fds();
+        {
+            let (t, secret) = transport(None);
+            let mut l = listener(&t, 0).await;
+            let mut child = spawn_peer(l.name(), &secret);
+            let link = l.accept(WAIT).await.unwrap().into_link().unwrap();
+            transfer_from_child(&link).await;
+            let pending = link.recv(tag(2, 0));
+            let t0 = Instant::now();
+            // SAFETY: killing our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let r = tokio::time::timeout(WAIT, pending)
+                .await
+                .expect("pending recv never failed");
+            assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
+            // The pump looks at the pidfd every 20 ms; the margin is for a loaded machine.
+            assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+            reap(&mut child);
+            drop(link);
+            drop(l);
+            drop(t);
+        }
+        // The pump threads let go of their segments within their idle wait.
+        let deadline = Instant::now() + WAIT;
+        while open_fds() > fds_before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            open_fds() <= fds_before,
+            "descriptors leaked: {} before, {} after: {:?}",
+            fds_before,
+            open_fds(),
+            fd_targets()
+        );
+        assert_eq!(dev_shm(), shm_before, "a file appeared in /dev/shm");
+    });
+}
+
+async fn transfer_from_child(link: &ShmLink) {
+    let got = tokio::time::timeout(WAIT, link.recv(tag(1, 0)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got == pattern(3000, 7));
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// What each open descriptor is, for a failure message.
+fn fd_targets() -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            format!(
+                "{} -> {}",
+                e.file_name().to_string_lossy(),
+                target.display()
+            )
+        })
+        .collect()
+}
+
+fn dev_shm() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Starts this test binary again as a peer process that links to `name`, sends one
+/// payload and sleeps.
+fn spawn_peer(name: &str, secret: &JobSecret) -> std::process::Child {
+    let hex: String = secret
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .env("CHORUS_TEST_SECRET", hex)
+        .env("CHORUS_TEST_SHM_PEER", name)
+        .args([
+            "--exact",
+            "peer_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The peer process of `a_killed_peer_*` (a no-op in a normal test run).
+#[test]
+fn peer_process_entry() {
+    let Ok(name) = std::env::var("CHORUS_TEST_SHM_PEER") else {
+        return;
+    };
+    let hex = std::env::var("CHORUS_TEST_SECRET").unwrap_or_default();
+    let mut secret = [0u8; 32];
+    for (i, b) in secret.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16).unwrap_or(0);
+    }
+    let t = ShmTransport::new(config(), JobSecret::new(secret)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let conn = t
+            .connect(&name, Role::Data, route(1), Rank(0))
+            .await
+            .unwrap();
+        let link = conn.into_link().unwrap();
+        link.send(tag(1, 0), pattern(3000, 7)).await.unwrap();
+        // Hold the link until SIGKILLed (bounded, in case the parent died first).
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(link);
+    });
+}
