@@ -312,8 +312,9 @@ fn first_host(list: &str) -> Option<String> {
     let first = list.trim();
     let end = first.find([',', '[']).unwrap_or(first.len());
     let prefix = &first[..end];
-    if first[end..].starts_with('[') {
-        let inner = &first[end + 1..first.find(']')?];
+    if let Some(rest) = first[end..].strip_prefix('[') {
+        // The closing bracket after this one: a stray ']' earlier must not end the range.
+        let inner = &rest[..rest.find(']')?];
         let start = inner.split([',', '-']).next()?.trim();
         if start.is_empty() || !start.bytes().all(|b| b.is_ascii_digit()) {
             return None;
@@ -534,5 +535,64 @@ mod tests {
         assert_eq!(first_host("n[x]"), None);
         assert_eq!(first_host("n[3-5"), None);
         assert_eq!(first_host(""), None);
+        assert_eq!(first_host("n]x[1]").as_deref(), Some("n]x1"));
+        assert_eq!(first_host("a]b["), None);
+    }
+
+    const LAUNCH_VARS: [&str; 22] = [
+        "CHORUS_RANK",
+        "CHORUS_WORLD_SIZE",
+        "CHORUS_LOCAL_RANK",
+        "CHORUS_LOCAL_WORLD_SIZE",
+        "CHORUS_UNIQUE_ID",
+        "CHORUS_ROOT",
+        "CHORUS_SECRET",
+        "CHORUS_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_STEP_NODELIST",
+        "SLURM_JOB_NODELIST",
+        "SLURM_JOB_ID",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+    ];
+
+    /// Values near what each variable accepts, mixed with noise.
+    fn value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<String>(),
+            "[0-9]{1,12}",
+            "[a-z0-9\\[\\],:.-]{0,30}",
+            "chorus1-[A-Za-z0-9_-]{0,130}",
+            "[0-9a-f]{64}",
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_environment_is_a_launch_or_an_error(
+            vars in proptest::collection::vec((0..LAUNCH_VARS.len(), value()), 0..10),
+        ) {
+            let vars: Vec<(&str, &str)> =
+                vars.iter().map(|(i, v)| (LAUNCH_VARS[*i], v.as_str())).collect();
+            if let Ok(l) = detect_from(&vars) {
+                proptest::prop_assert!(l.rank.get() < l.world && l.world <= MAX_WORLD);
+            }
+        }
+
+        #[test]
+        fn any_node_list_has_a_first_host_or_none(list in value()) {
+            if let Some(host) = first_host(&list) {
+                proptest::prop_assert!(!host.is_empty());
+            }
+        }
     }
 }
