@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::Config;
 use crate::element::{Element, bytes, bytes_mut};
 use crate::error::{Error, ErrorKind, Result, from_abort, from_op};
-use crate::launch::{self, RootSpec};
+use crate::launch::{self, RootSpec, SecretSource};
 use crate::recorder::Recorder;
 use crate::runtime::lineage::{self, Driver, EpochHooks, LineageMsg, NextEpoch, Request, Shared};
 use crate::runtime::registry::DataLink;
@@ -129,39 +129,43 @@ impl Comm {
                 Self::init_hosting(&id, launch.rank.get(), launch.world, config, None).await
             }
             RootSpec::Address {
-                host,
-                port,
+                addr,
+                bind,
                 secret,
-                secret_derived,
+                secret_from,
+                ..
             } => {
-                if secret_derived {
+                if secret_from == SecretSource::DerivedInsecure {
                     tracing::warn!(
-                        "no CHORUS_SECRET or token: the job secret is derived from the launch \
-                         environment, which anyone who can read it can derive too"
+                        %bind,
+                        "CHORUS_INSECURE_DERIVED_SECRET=1: the job secret is derived from the \
+                         launch environment while the root is reachable beyond this host; \
+                         anyone who can reach it can join the job"
                     );
                 }
-                let addr = resolve(&host, port)?;
                 let comm = derived_comm(&secret);
                 let root = if launch.rank == Rank(0) {
-                    let bind = std::net::SocketAddr::new(
-                        if addr.is_ipv4() {
-                            std::net::Ipv4Addr::UNSPECIFIED.into()
-                        } else {
-                            std::net::Ipv6Addr::UNSPECIFIED.into()
-                        },
-                        port,
-                    );
-                    Some(
-                        RootHost::start_with(
-                            bind,
-                            launch.world,
-                            &config,
-                            secret.clone(),
-                            comm,
-                            false,
-                        )
-                        .await?,
+                    let root = RootHost::start_with(
+                        bind,
+                        launch.world,
+                        &config,
+                        secret.clone(),
+                        comm,
+                        false,
                     )
+                    .await
+                    .map_err(|e| match e.kind() {
+                        // The told address may not be this host's (a NAT, a service name).
+                        ErrorKind::Transport => Error::new(
+                            ErrorKind::Transport,
+                            format!(
+                                "root at {bind}: {e} (set CHORUS_ROOT_BIND to an address of \
+                                 this host, or 0.0.0.0 for every interface)"
+                            ),
+                        ),
+                        _ => e,
+                    })?;
+                    Some(root)
                 } else {
                     None
                 };
@@ -1235,20 +1239,6 @@ fn split_id(parent: CommId, epoch: Epoch, seq: u64, color: u32) -> CommId {
 }
 
 /// Resolves `host:port`; a name that does not resolve is a configuration error.
-fn resolve(host: &str, port: u16) -> Result<std::net::SocketAddr> {
-    use std::net::ToSocketAddrs;
-    (host, port)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Config,
-                format!("cannot resolve the root address {host}:{port}"),
-            )
-        })
-}
-
 /// Blocking twins of [`Comm`]'s calls, for code without an executor.
 #[derive(Debug, Clone, Copy)]
 pub struct Blocking<'a>(&'a Comm);

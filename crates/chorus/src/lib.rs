@@ -30,6 +30,6 @@ pub use comm::{Blocking, Comm, Health};
 pub use config::{Config, ConfigError, TransportChoice};
 pub use element::Element;
 pub use error::{Error, ErrorKind, Result};
-pub use launch::{Launch, LaunchError, LaunchSource, RootSpec};
+pub use launch::{Launch, LaunchError, LaunchSource, RootSpec, SecretSource};
 pub use runtime::root::RootHost;
 pub use unique_id::UniqueId;
