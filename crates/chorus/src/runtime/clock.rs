@@ -1,5 +1,7 @@
 //! The runtime's clock: the control plane takes time as an input in microseconds since an
-//! origin its driver chooses; this is that origin and the conversions both ways.
+//! origin the runtime chooses; this is that origin and the conversions both ways. It is the
+//! one clock the runtime reads: timers on the control thread are set from it (`tokio`),
+//! and the flight recorder's instants are read from it (`process_now`).
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +32,16 @@ impl Clock {
     /// A control-plane instant on the process clock.
     pub(crate) fn std(&self, t: chorus_control::Instant) -> Instant {
         self.origin + Duration::from_micros(t.as_micros())
+    }
+
+    /// A control-plane instant as a timer deadline on the control thread's runtime.
+    pub(crate) fn tokio(&self, t: chorus_control::Instant) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.std(t))
+    }
+
+    /// Now, on the process clock (the scale of the flight recorder's instants).
+    pub(crate) fn process_now(&self) -> Instant {
+        Instant::now()
     }
 }
 

@@ -16,7 +16,7 @@ use chorus_protocol::{CloseCode, CommId, Envelope, Epoch, Rank};
 use chorus_transport::{Fingerprint, TransportError};
 use futures::future::try_join_all;
 
-use super::registry::DataLink;
+use super::mailbox::{DataLink, not_yet};
 use super::{Session, millis, socket_addr, tokio_instant};
 use crate::error::{Error, ErrorKind};
 
@@ -123,12 +123,6 @@ async fn accept(
 /// control plane decides, aborting the build if so; see `build_epoch`).
 fn retryable(e: &TransportError) -> bool {
     not_yet(e) || matches!(e.code(), CloseCode::INTERNAL)
-}
-
-/// The peer refused because it does not serve this communicator or epoch yet.
-pub(crate) fn not_yet(e: &TransportError) -> bool {
-    matches!(e.code(), CloseCode::UNKNOWN_COMM)
-        || matches!(e, TransportError::ConnectTimeout { .. })
 }
 
 fn timeout(comm: CommId, epoch: Epoch, peer: Rank, what: &str) -> Error {

@@ -12,9 +12,12 @@
 //! answer), so every wait of `init`, `shrink`, `grow` and `destroy` is bounded by the
 //! control thread's clock.
 
+pub(crate) mod bootstrap;
 pub(crate) mod clock;
+pub(crate) mod epoch;
 pub(crate) mod lineage;
 pub(crate) mod links;
+pub(crate) mod mailbox;
 pub(crate) mod registry;
 pub(crate) mod root;
 
@@ -38,7 +41,7 @@ use registry::Registry;
 
 /// The longest `destroy` waits for the control endpoint's remaining closes to leave the
 /// process (the member streams' closes are awaited one by one before this, see
-/// `lineage::Chan::close`; this covers the rest: data connections over QUIC, strays).
+/// `lineage::channels`; this covers the rest: data connections over QUIC, strays).
 const QUIC_DRAIN_MAX: Duration = Duration::from_millis(20);
 
 /// One control thread and the endpoints it serves.
@@ -340,7 +343,7 @@ impl Session {
                     return;
                 };
                 let channel = Arc::new(conn.into_control());
-                let _ = lineage.send(lineage::LineageMsg::Channel {
+                let _ = lineage.send(mailbox::LineageMsg::Channel {
                     peer,
                     epoch,
                     role,

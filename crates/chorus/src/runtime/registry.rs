@@ -7,19 +7,14 @@
 //! turned away before it costs anything), and route what they admit to the right place.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use chorus_engine::Link;
 use chorus_protocol::message::Role;
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 use tokio::sync::{mpsc, oneshot};
 
-use super::lineage::LineageMsg;
-
-/// A data link as the engine holds it.
-pub(crate) type DataLink = Arc<dyn Link<Bytes>>;
+use super::mailbox::{DataLink, LineageMsg};
 
 /// How many inbound data links may wait unclaimed at once: a peer cannot make this process
 /// hold more than this many connections for epochs it has not set up yet.
