@@ -21,7 +21,7 @@
 #![no_main]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -88,6 +88,7 @@ fn drive(u: &mut Unstructured<'_>, baseline: usize) -> ArbResult<()> {
     let node = Node::new(config, view, start).expect("a valid config");
     let mut h = Harness {
         heard: (0..world).map(|r| (Rank(r), start)).collect(),
+        reported: BTreeSet::new(),
         node,
         now: start,
         sent_commits: BTreeMap::new(),
@@ -112,6 +113,9 @@ struct Harness {
     now: Instant,
     /// When each rank (current numbering) was last sent a heartbeat at the current epoch.
     heard: BTreeMap<Rank, Instant>,
+    /// Ranks (current numbering) already reported dead or departed: after a membership
+    /// change the node says again, at the new epoch, who is still absent.
+    reported: BTreeSet<Rank>,
     /// Per old epoch, the removed ranks and joiner count of the `Commit`s the node sent.
     sent_commits: BTreeMap<Epoch, (Vec<Rank>, usize)>,
     /// Per old epoch, the change the node installed.
@@ -287,7 +291,10 @@ impl Harness {
                     evidence: Evidence::MissedDeadline { .. },
                     origin,
                     ..
-                } if origin == self.node.rank() && epoch == self.node.epoch() => {
+                } if origin == self.node.rank()
+                    && epoch == self.node.epoch()
+                    && self.reported.insert(rank) =>
+                {
                     let heard = self.heard.get(&rank).copied().unwrap_or(Instant::ZERO);
                     let silent = self.now.saturating_since(heard);
                     let deadline = self.node.config().deadline;
@@ -295,6 +302,11 @@ impl Harness {
                         silent >= deadline,
                         "{rank} declared dead after {silent:?} of silence (deadline {deadline:?})"
                     );
+                }
+                Event::PeerDead { epoch, rank, .. } | Event::PeerDeparted { epoch, rank, .. }
+                    if epoch == self.node.epoch() =>
+                {
+                    self.reported.insert(rank);
                 }
                 Event::MembershipAgreed(agreed) => {
                     let change = (agreed.plan.removed().to_vec(), agreed.joiners.len());
@@ -320,6 +332,11 @@ impl Harness {
                         heard.entry(Rank(r)).or_insert(self.now);
                     }
                     self.heard = heard;
+                    self.reported = self
+                        .reported
+                        .iter()
+                        .filter_map(|r| plan.new_rank(*r))
+                        .collect();
                 }
                 _ => {}
             }
