@@ -593,7 +593,11 @@ mod tests {
             )
             .unwrap(),
         );
-        assert_eq!(bind, "0.0.0.0:29500".parse::<SocketAddr>().unwrap(), "unless asked to");
+        assert_eq!(
+            bind,
+            "0.0.0.0:29500".parse::<SocketAddr>().unwrap(),
+            "unless asked to"
+        );
         assert!(matches!(
             torchrun_at("10.0.0.5", &[("CHORUS_ROOT_BIND", "everywhere")]),
             Err(LaunchError::Invalid {
