@@ -30,7 +30,7 @@ use chorus_control::{
 };
 use chorus_protocol::message::{
     Accept, Ballot, Commit, Depart, Evidence, Heartbeat, Message, Notice, PeerInfo, Prepare,
-    Promise, Propose, Proposal, Revoke, RevokeCause, Verdict, WireAddr,
+    Promise, Proposal, Propose, Revoke, RevokeCause, Verdict, WireAddr,
 };
 use chorus_protocol::{CloseCode, CommId, Epoch, Limits, Rank};
 use libfuzzer_sys::arbitrary::{Result as ArbResult, Unstructured};
@@ -253,7 +253,10 @@ impl Harness {
         self.feed(input.clone());
         self.drain();
         let after = self.snapshot();
-        assert_eq!(before, after, "a stale input changed the current epoch: {input:?}");
+        assert_eq!(
+            before, after,
+            "a stale input changed the current epoch: {input:?}"
+        );
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -347,7 +350,10 @@ impl Harness {
         if self.node.status() != Status::Member {
             return;
         }
-        let next = self.node.poll_timeout().expect("a member always has a timer");
+        let next = self
+            .node
+            .poll_timeout()
+            .expect("a member always has a timer");
         let interval = self.node.config().heartbeat_interval;
         assert!(
             next <= self.now + interval,

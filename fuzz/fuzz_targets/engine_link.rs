@@ -200,7 +200,10 @@ fn run(n: u32, config: EngineConfig, cases: &[chorus_engine::testkit::Case], scr
             }
         }
     }
-    assert!(faulted || !aborted, "no fault injected, yet the world made no progress");
+    assert!(
+        faulted || !aborted,
+        "no fault injected, yet the world made no progress"
+    );
 }
 
 /// One in-process link whose receives follow the fuzz script (rank 0's) or pass through.
