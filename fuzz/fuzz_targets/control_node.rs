@@ -78,11 +78,15 @@ fuzz_target!(|data: &[u8]| {
 fn drive(u: &mut Unstructured<'_>, baseline: usize) -> ArbResult<()> {
     let world = u.int_in_range(2..=16u32)?;
     let me = Rank(u.int_in_range(0..=world - 1)?);
-    let mut config = Config::default();
-    config.observers = u.int_in_range(1..=3)?;
-    if u.arbitrary()? {
-        config.quorum = Quorum::Survivors;
-    }
+    let config = Config {
+        observers: u.int_in_range(1..=3)?,
+        quorum: if u.arbitrary()? {
+            Quorum::Survivors
+        } else {
+            Quorum::Majority
+        },
+        ..Config::default()
+    };
     let start = Instant::from_micros(1_000_000);
     let view = View::new(COMM, Epoch(u.int_in_range(0..=3)?), world, me).expect("a valid view");
     let node = Node::new(config, view, start).expect("a valid config");
