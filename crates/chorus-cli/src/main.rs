@@ -94,9 +94,18 @@ fn init_logging(default: &str) {
         .init();
 }
 
-/// `10s`, `500ms`, `2m`.
+/// The longest duration an option takes: a year. Every option is a wait or a budget that
+/// the launcher adds to the clock, which a larger value could overflow.
+const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// `10s`, `500ms`, `2m`; at most [`MAX_DURATION`].
 pub(crate) fn duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration ({e})"))
+    let d =
+        humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration ({e})"))?;
+    if d > MAX_DURATION {
+        return Err(format!("{text:?} is longer than a year"));
+    }
+    Ok(d)
 }
 
 /// `127.0.0.1` (any free port) or `127.0.0.1:29500`.
@@ -138,5 +147,7 @@ mod tests {
         assert!(bind_addr("localhost:1").is_err());
         assert_eq!(duration("250ms").unwrap(), Duration::from_millis(250));
         assert!(duration("soon").is_err());
+        assert!(duration("200000000000y").is_err());
+        assert_eq!(duration("366days").unwrap(), MAX_DURATION);
     }
 }

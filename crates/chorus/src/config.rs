@@ -14,24 +14,24 @@ use chorus_protocol::Collective;
 #[non_exhaustive]
 pub struct Config {
     /// How often a member sends a heartbeat to each of its observers.
-    /// `CHORUS_HEARTBEAT_INTERVAL` (default 200ms).
+    /// `CHORUS_HEARTBEAT_INTERVAL` (default 200ms; 1ms to 1m).
     pub heartbeat_interval: Duration,
     /// Silence after which an observer declares a member dead (principle 2).
     /// `CHORUS_HEARTBEAT_DEADLINE` (default 2s: ten missed heartbeats, so a loaded machine
     /// delaying the control thread by a few hundred milliseconds is not a death, yet far below
-    /// the 10–60 s of Open MPI's and NCCL's detectors).
+    /// the 10–60 s of Open MPI's and NCCL's detectors; at most 1h).
     pub heartbeat_deadline: Duration,
     /// How many members watch each member. `CHORUS_OBSERVERS` (default 2).
     pub observers: u32,
     /// Default deadline of one collective, a backstop behind failure detection.
-    /// `CHORUS_OP_TIMEOUT` (default 5m).
+    /// `CHORUS_OP_TIMEOUT` (default 5m; every timeout is 1ms to 7 days).
     pub op_timeout: Duration,
     /// Deadline for `init` (bootstrap, peer table, links). `CHORUS_INIT_TIMEOUT` (default 60s).
     pub init_timeout: Duration,
     /// Deadline for shrink and grow agreement. `CHORUS_AGREE_TIMEOUT` (default 30s).
     pub agree_timeout: Duration,
     /// Budget of `destroy` and `abort` teardown: departures, closes, thread joins.
-    /// `CHORUS_TEARDOWN_BUDGET` (default 2s).
+    /// `CHORUS_TEARDOWN_BUDGET` (default 2s; at most 1h).
     pub teardown_budget: Duration,
     /// Data-plane transport. `CHORUS_TRANSPORT` = `tcp` (io_uring, falling back to epoll),
     /// `tcp-uring`, `tcp-epoll`, `quic`, or `shm` (shared memory with peers on this host,
@@ -45,7 +45,8 @@ pub struct Config {
     /// Send departures when SIGTERM/SIGINT arrive, before the default action.
     /// `CHORUS_DEPART_ON_SIGNAL` (default off; `chorus run` turns it on).
     pub depart_on_signal: bool,
-    /// How many operations the flight recorder keeps. `CHORUS_RECORDER_OPS` (default 64).
+    /// How many operations the flight recorder keeps. `CHORUS_RECORDER_OPS` (default 64;
+    /// at most [`MAX_RECORDER_OPS`]).
     pub recorder_ops: usize,
     /// Per-collective algorithm overrides, e.g. `CHORUS_ALGO=all-reduce=ring,broadcast=tree`.
     pub algorithms: AlgorithmOverrides,
@@ -194,25 +195,25 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let get = |var: &'static str| lookup(var).map(|v| (var, v));
         if let Some((var, v)) = get("CHORUS_HEARTBEAT_INTERVAL") {
-            self.heartbeat_interval = duration(var, &v)?;
+            self.heartbeat_interval = duration(var, &v, HEARTBEAT_INTERVAL)?;
         }
         if let Some((var, v)) = get("CHORUS_HEARTBEAT_DEADLINE") {
-            self.heartbeat_deadline = duration(var, &v)?;
+            self.heartbeat_deadline = duration(var, &v, HEARTBEAT_DEADLINE)?;
         }
         if let Some((var, v)) = get("CHORUS_OBSERVERS") {
             self.observers = parsed(var, &v, "a whole number of observers")?;
         }
         if let Some((var, v)) = get("CHORUS_OP_TIMEOUT") {
-            self.op_timeout = duration(var, &v)?;
+            self.op_timeout = duration(var, &v, WAIT)?;
         }
         if let Some((var, v)) = get("CHORUS_INIT_TIMEOUT") {
-            self.init_timeout = duration(var, &v)?;
+            self.init_timeout = duration(var, &v, WAIT)?;
         }
         if let Some((var, v)) = get("CHORUS_AGREE_TIMEOUT") {
-            self.agree_timeout = duration(var, &v)?;
+            self.agree_timeout = duration(var, &v, WAIT)?;
         }
         if let Some((var, v)) = get("CHORUS_TEARDOWN_BUDGET") {
-            self.teardown_budget = duration(var, &v)?;
+            self.teardown_budget = duration(var, &v, TEARDOWN_BUDGET)?;
         }
         if let Some((var, v)) = get("CHORUS_TRANSPORT") {
             self.transport = v
@@ -246,24 +247,43 @@ impl Config {
         Ok(self)
     }
 
-    /// Consistency between knobs; each failure names the variable that sets the knob.
+    /// Consistency between knobs and the bounds of every duration ([`HEARTBEAT_INTERVAL`],
+    /// [`HEARTBEAT_DEADLINE`], [`WAIT`], [`TEARDOWN_BUDGET`]); each failure names the
+    /// variable that sets the knob. `init` checks the configuration it is given, so a
+    /// `Config` built in code meets the same bounds as one read from the environment.
     pub fn check(&self) -> Result<(), ConfigError> {
-        let ms = |d: Duration| format!("{}ms", d.as_millis());
-        if self.heartbeat_interval.is_zero() {
-            return Err(invalid(
+        for (var, d, bounds) in [
+            (
                 "CHORUS_HEARTBEAT_INTERVAL",
-                &ms(self.heartbeat_interval),
-                "must be positive",
-            ));
+                self.heartbeat_interval,
+                HEARTBEAT_INTERVAL,
+            ),
+            (
+                "CHORUS_HEARTBEAT_DEADLINE",
+                self.heartbeat_deadline,
+                HEARTBEAT_DEADLINE,
+            ),
+            ("CHORUS_OP_TIMEOUT", self.op_timeout, WAIT),
+            ("CHORUS_INIT_TIMEOUT", self.init_timeout, WAIT),
+            ("CHORUS_AGREE_TIMEOUT", self.agree_timeout, WAIT),
+            (
+                "CHORUS_TEARDOWN_BUDGET",
+                self.teardown_budget,
+                TEARDOWN_BUDGET,
+            ),
+        ] {
+            bounds.check(var, d)?;
         }
-        if self.heartbeat_deadline < self.heartbeat_interval * 3 {
+        // Both are bounded above, so three intervals cannot overflow.
+        let three = self.heartbeat_interval.saturating_mul(3);
+        if self.heartbeat_deadline < three {
             return Err(invalid(
                 "CHORUS_HEARTBEAT_DEADLINE",
-                &ms(self.heartbeat_deadline),
+                &show(self.heartbeat_deadline),
                 format!(
                     "must be at least three heartbeat intervals ({}), or one late heartbeat \
                      is a death",
-                    ms(self.heartbeat_interval * 3)
+                    show(three)
                 ),
             ));
         }
@@ -274,16 +294,6 @@ impl Config {
                 "at least one observer is needed",
             ));
         }
-        for (var, d) in [
-            ("CHORUS_OP_TIMEOUT", self.op_timeout),
-            ("CHORUS_INIT_TIMEOUT", self.init_timeout),
-            ("CHORUS_AGREE_TIMEOUT", self.agree_timeout),
-            ("CHORUS_TEARDOWN_BUDGET", self.teardown_budget),
-        ] {
-            if d.is_zero() {
-                return Err(invalid(var, &ms(d), "must be positive"));
-            }
-        }
         if self.recorder_ops == 0 {
             return Err(invalid(
                 "CHORUS_RECORDER_OPS",
@@ -291,8 +301,76 @@ impl Config {
                 "must keep at least one operation",
             ));
         }
+        if self.recorder_ops > MAX_RECORDER_OPS {
+            return Err(invalid(
+                "CHORUS_RECORDER_OPS",
+                &self.recorder_ops.to_string(),
+                format!("at most {MAX_RECORDER_OPS} operations"),
+            ));
+        }
         Ok(())
     }
+}
+
+/// The most operations the flight recorder may keep (its memory grows with the count,
+/// a few hundred bytes each).
+pub const MAX_RECORDER_OPS: usize = 1 << 20;
+
+/// The range a duration knob accepts, both ends included.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// The shortest value accepted.
+    pub min: Duration,
+    /// The longest value accepted.
+    pub max: Duration,
+}
+
+/// `CHORUS_HEARTBEAT_INTERVAL`: 1ms to 1 minute. Below a millisecond the control thread
+/// would spin; above a minute heartbeats no longer say anything about liveness.
+pub const HEARTBEAT_INTERVAL: Bounds = Bounds {
+    min: Duration::from_millis(1),
+    max: Duration::from_secs(60),
+};
+
+/// `CHORUS_HEARTBEAT_DEADLINE`: up to 1 hour (and at least three heartbeat intervals).
+pub const HEARTBEAT_DEADLINE: Bounds = Bounds {
+    min: Duration::from_millis(3),
+    max: Duration::from_secs(3600),
+};
+
+/// `CHORUS_OP_TIMEOUT`, `CHORUS_INIT_TIMEOUT`, `CHORUS_AGREE_TIMEOUT`: 1ms to 7 days. Every
+/// wait is bounded (principle 3), so "never" is not a value; the ceiling keeps deadline
+/// arithmetic (`now + timeout`, and the control plane's multiples of it) far from overflow
+/// and turns a typo such as `2000000h` into an error instead of a silent "never".
+pub const WAIT: Bounds = Bounds {
+    min: Duration::from_millis(1),
+    max: Duration::from_secs(7 * 24 * 3600),
+};
+
+/// `CHORUS_TEARDOWN_BUDGET`: 1ms to 1 hour; `destroy` and `abort` block for up to this long.
+pub const TEARDOWN_BUDGET: Bounds = Bounds {
+    min: Duration::from_millis(1),
+    max: Duration::from_secs(3600),
+};
+
+impl Bounds {
+    /// `d` if it lies within the bounds, else an error naming `var`.
+    pub fn check(self, var: &'static str, d: Duration) -> Result<Duration, ConfigError> {
+        if d < self.min || d > self.max {
+            let reason = if d.is_zero() {
+                "must be positive".to_owned()
+            } else {
+                format!("must be between {} and {}", show(self.min), show(self.max))
+            };
+            return Err(invalid(var, &show(d), reason));
+        }
+        Ok(d)
+    }
+}
+
+/// A duration as `humantime` writes it (`1m`, `7days`, `250ms`).
+fn show(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
 }
 
 fn invalid(var: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
@@ -303,13 +381,18 @@ fn invalid(var: &'static str, value: &str, reason: impl Into<String>) -> ConfigE
     }
 }
 
-fn duration(var: &'static str, value: &str) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(value.trim()).map_err(|e| {
+fn duration(var: &'static str, value: &str, bounds: Bounds) -> Result<Duration, ConfigError> {
+    let d = humantime::parse_duration(value.trim()).map_err(|e| {
         invalid(
             var,
             value,
             format!("not a duration such as 500ms or 2s ({e})"),
         )
+    })?;
+    // The error shows the value as written, not as reformatted.
+    bounds.check(var, d).map_err(|e| ConfigError {
+        value: value.to_owned(),
+        ..e
     })
 }
 
@@ -403,5 +486,114 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(err.var, "CHORUS_HEARTBEAT_DEADLINE");
+    }
+
+    const DURATIONS: [&str; 6] = [
+        "CHORUS_HEARTBEAT_INTERVAL",
+        "CHORUS_HEARTBEAT_DEADLINE",
+        "CHORUS_OP_TIMEOUT",
+        "CHORUS_INIT_TIMEOUT",
+        "CHORUS_AGREE_TIMEOUT",
+        "CHORUS_TEARDOWN_BUDGET",
+    ];
+
+    #[test]
+    fn huge_durations_are_errors_naming_the_variable() {
+        for var in DURATIONS {
+            for value in [
+                "200000000000y",
+                "18446744073709551615s",
+                "8days",
+                "0s",
+                "1ns",
+            ] {
+                let err = with(&[(var, value)]).unwrap_err();
+                assert_eq!(err.var, var, "{err}");
+                assert_eq!(err.value, value, "the error shows what was written: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn durations_built_in_code_are_bounded_too() {
+        let huge = Duration::MAX;
+        type Set = fn(&mut Config, Duration);
+        let cases: [(&str, Set); 6] = [
+            ("CHORUS_HEARTBEAT_INTERVAL", |c, d| c.heartbeat_interval = d),
+            ("CHORUS_HEARTBEAT_DEADLINE", |c, d| c.heartbeat_deadline = d),
+            ("CHORUS_OP_TIMEOUT", |c, d| c.op_timeout = d),
+            ("CHORUS_INIT_TIMEOUT", |c, d| c.init_timeout = d),
+            ("CHORUS_AGREE_TIMEOUT", |c, d| c.agree_timeout = d),
+            ("CHORUS_TEARDOWN_BUDGET", |c, d| c.teardown_budget = d),
+        ];
+        for (var, set) in cases {
+            let mut c = Config::default();
+            set(&mut c, huge);
+            assert_eq!(c.check().unwrap_err().var, var);
+        }
+        let c = Config {
+            recorder_ops: usize::MAX,
+            ..Config::default()
+        };
+        assert_eq!(c.check().unwrap_err().var, "CHORUS_RECORDER_OPS");
+    }
+
+    #[test]
+    fn the_bounds_themselves_are_accepted() {
+        let c = with(&[
+            ("CHORUS_HEARTBEAT_INTERVAL", "1m"),
+            ("CHORUS_HEARTBEAT_DEADLINE", "1h"),
+            ("CHORUS_OP_TIMEOUT", "7days"),
+            ("CHORUS_INIT_TIMEOUT", "1ms"),
+            ("CHORUS_TEARDOWN_BUDGET", "1h"),
+        ])
+        .unwrap();
+        assert_eq!(c.op_timeout, WAIT.max);
+        assert_eq!(c.heartbeat_deadline, HEARTBEAT_DEADLINE.max);
+    }
+
+    const ALL_VARS: [&str; 14] = [
+        "CHORUS_HEARTBEAT_INTERVAL",
+        "CHORUS_HEARTBEAT_DEADLINE",
+        "CHORUS_OBSERVERS",
+        "CHORUS_OP_TIMEOUT",
+        "CHORUS_INIT_TIMEOUT",
+        "CHORUS_AGREE_TIMEOUT",
+        "CHORUS_TEARDOWN_BUDGET",
+        "CHORUS_TRANSPORT",
+        "CHORUS_SAME_HOST_EVIDENCE",
+        "CHORUS_BIND",
+        "CHORUS_DEPART_ON_SIGNAL",
+        "CHORUS_RECORDER_OPS",
+        "CHORUS_QUORUM",
+        "CHORUS_ALGO",
+    ];
+
+    /// Values near the edges of what each parser accepts, mixed with noise.
+    fn value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<String>(),
+            "[0-9]{1,25}(ns|us|ms|s|m|h|d|days|w|y|years)?",
+            "[0-9 .,=a-z:-]{0,40}",
+            Just("all-reduce=ring,broadcast=tree".to_owned()),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_environment_is_a_config_or_an_error_naming_a_variable(
+            vars in proptest::collection::vec((0..ALL_VARS.len(), value()), 0..6),
+        ) {
+            let vars: Vec<(&str, &str)> =
+                vars.iter().map(|(i, v)| (ALL_VARS[*i], v.as_str())).collect();
+            match with(&vars) {
+                Ok(c) => proptest::prop_assert!(c.check().is_ok()),
+                Err(e) => proptest::prop_assert!(
+                    ALL_VARS.contains(&e.var) && e.to_string().starts_with(e.var),
+                    "{e}"
+                ),
+            }
+        }
     }
 }

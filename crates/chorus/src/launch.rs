@@ -8,12 +8,18 @@
 //! fingerprint, secret, comm id), else `CHORUS_ROOT` or `MASTER_ADDR:MASTER_PORT`, else the
 //! first host of Slurm's node list.
 //!
-//! Without a token there is no shared secret unless `CHORUS_SECRET` gives one; the secret
-//! is then derived from the job's identity (addresses, job id), which keeps strangers who
-//! do not know the job out but not someone who can read the launcher's environment. Set
-//! `CHORUS_SECRET` (or use a token) where that matters.
+//! Without a token the job secret comes from `CHORUS_SECRET` (64 hexadecimal digits) or
+//! `CHORUS_SECRET_FILE` (a file holding them that only its owner may read). Failing both, a
+//! secret derived from the job's identity (root address, job ids) is allowed only while the
+//! root listens on loopback: anyone who can reach a wider address can compute it too. Rank 0
+//! binds the root to the address the ranks were told, not to every interface, unless
+//! `CHORUS_ROOT_BIND` names another (e.g. `0.0.0.0`). `CHORUS_INSECURE_DERIVED_SECRET=1`
+//! accepts a derived secret anyway, with a warning.
 
 use std::fmt;
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 
 use chorus_protocol::Rank;
 use sha2::{Digest, Sha256};
@@ -61,11 +67,29 @@ pub enum RootSpec {
         host: String,
         /// The root's port.
         port: u16,
+        /// `host:port`, resolved: where the ranks connect.
+        addr: SocketAddr,
+        /// Where rank 0's root listens: `addr`, or `CHORUS_ROOT_BIND` with the same port.
+        bind: SocketAddr,
         /// The job secret.
         secret: JobSecret,
-        /// The secret was derived from the launch environment (no `CHORUS_SECRET`).
-        secret_derived: bool,
+        /// Where the secret came from (given, from a file, or derived from public values).
+        secret_from: SecretSource,
     },
+}
+
+/// Where the job secret of a [`RootSpec::Address`] came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretSource {
+    /// `CHORUS_SECRET`.
+    Env,
+    /// `CHORUS_SECRET_FILE`.
+    File(PathBuf),
+    /// Derived from the launch environment while the root binds loopback.
+    Derived,
+    /// Derived while the root binds a wider address, under
+    /// `CHORUS_INSECURE_DERIVED_SECRET=1`: anyone who can reach the root can join.
+    DerivedInsecure,
 }
 
 /// What the environment says about this process's place in the job.
@@ -126,6 +150,26 @@ pub enum LaunchError {
         "no root address: set CHORUS_UNIQUE_ID, CHORUS_ROOT=host:port or MASTER_ADDR and MASTER_PORT"
     )]
     NoRoot,
+    #[error(
+        "no job secret, and the root binds {bind}, not loopback, so a secret derived from the \
+         launch environment would admit anyone who can reach it: set CHORUS_SECRET (64 hex \
+         digits) or CHORUS_SECRET_FILE (a file only its owner can read), or launch with \
+         chorus run or the torch backend's store (CHORUS_INSECURE_DERIVED_SECRET=1 accepts \
+         the risk)"
+    )]
+    /// A secret derived from public values was refused because the root binds `bind`.
+    DerivedSecretRefused {
+        /// The address the root would listen on.
+        bind: IpAddr,
+    },
+    #[error("CHORUS_SECRET_FILE={}: {reason}", path.display())]
+    /// `CHORUS_SECRET_FILE` names a file that cannot be used.
+    SecretFile {
+        /// The file.
+        path: PathBuf,
+        /// Why it cannot be used (unreadable, readable by others, not 64 hex digits, ...).
+        reason: String,
+    },
 }
 
 /// Reads the launch from the process environment.
@@ -135,7 +179,24 @@ pub fn detect() -> Result<Launch, LaunchError> {
 
 /// Reads the launch through `lookup` (variable name to value), for tests.
 pub fn detect_with(lookup: impl Fn(&str) -> Option<String>) -> Result<Launch, LaunchError> {
-    let env = Env(&lookup);
+    detect_using(&lookup, &system_resolver)
+}
+
+/// A name and port to the first address the system's resolver gives.
+type Resolver = dyn Fn(&str, u16) -> Option<SocketAddr>;
+
+fn system_resolver(host: &str, port: u16) -> Option<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+}
+
+fn detect_using(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    resolve: &Resolver,
+) -> Result<Launch, LaunchError> {
+    let env = Env { lookup, resolve };
     let (source, rank, world, local_rank, local_world) = rank_and_world(&env)?;
     let root = root(&env, source)?;
     Ok(Launch {
@@ -148,11 +209,14 @@ pub fn detect_with(lookup: impl Fn(&str) -> Option<String>) -> Result<Launch, La
     })
 }
 
-struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
+struct Env<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+    resolve: &'a Resolver,
+}
 
 impl Env<'_> {
     fn get(&self, var: &str) -> Option<String> {
-        (self.0)(var)
+        (self.lookup)(var)
             .map(|v| v.trim().to_owned())
             .filter(|v| !v.is_empty())
     }
@@ -243,14 +307,15 @@ fn root(env: &Env<'_>, source: LaunchSource) -> Result<RootSpec, LaunchError> {
                 reason: e.to_string(),
             });
     }
-    let (host, port) = if let Some(root) = env.get("CHORUS_ROOT") {
-        host_port("CHORUS_ROOT", &root)?
+    let (var, host, port) = if let Some(root) = env.get("CHORUS_ROOT") {
+        let (host, port) = host_port("CHORUS_ROOT", &root)?;
+        ("CHORUS_ROOT", host, port)
     } else if let Some(host) = env.get("MASTER_ADDR") {
         let port = env.get("MASTER_PORT").ok_or(LaunchError::Incomplete {
             launcher: source,
             missing: "MASTER_PORT",
         })?;
-        (host, port_number("MASTER_PORT", &port)?)
+        ("MASTER_ADDR", host, port_number("MASTER_PORT", &port)?)
     } else if let Some(list) = env
         .get("SLURM_STEP_NODELIST")
         .or_else(|| env.get("SLURM_JOB_NODELIST"))
@@ -265,26 +330,129 @@ fn root(env: &Env<'_>, source: LaunchSource) -> Result<RootSpec, LaunchError> {
             // Every task of a job derives the same port from the job id.
             None => 20_000 + (env.number("SLURM_JOB_ID")?.unwrap_or(0) % 20_000) as u16,
         };
-        (host, port)
+        ("SLURM_STEP_NODELIST", host, port)
     } else {
         return Err(LaunchError::NoRoot);
     };
-    let (secret, secret_derived) = match env.get("CHORUS_SECRET") {
-        Some(hex) => (
-            secret_from_hex(&hex).map_err(|reason| LaunchError::Invalid {
-                var: "CHORUS_SECRET",
-                value: "<redacted>".into(),
-                reason,
+    let addr = resolve(env, var, &host, port)?;
+    let bind = match env.get("CHORUS_ROOT_BIND") {
+        Some(v) => SocketAddr::new(
+            v.parse::<IpAddr>().map_err(|_| LaunchError::Invalid {
+                var: "CHORUS_ROOT_BIND",
+                value: v.clone(),
+                reason: "not an IP address (0.0.0.0 or :: for every interface)".into(),
             })?,
-            false,
+            port,
         ),
-        None => (derived_secret(env, &host, port), true),
+        None => addr,
     };
+    let (secret, secret_from) = secret(env, &host, port, bind.ip())?;
     Ok(RootSpec::Address {
         host,
         port,
+        addr,
+        bind,
         secret,
-        secret_derived,
+        secret_from,
+    })
+}
+
+/// The job secret: `CHORUS_SECRET`, else `CHORUS_SECRET_FILE`, else derived, which only a
+/// root bound to loopback (or an explicit opt-out) allows.
+fn secret(
+    env: &Env<'_>,
+    host: &str,
+    port: u16,
+    bind: IpAddr,
+) -> Result<(JobSecret, SecretSource), LaunchError> {
+    if let Some(hex) = env.get("CHORUS_SECRET") {
+        let secret = secret_from_hex(&hex).map_err(|reason| LaunchError::Invalid {
+            var: "CHORUS_SECRET",
+            value: "<redacted>".into(),
+            reason,
+        })?;
+        return Ok((secret, SecretSource::Env));
+    }
+    if let Some(path) = env.get("CHORUS_SECRET_FILE") {
+        let path = PathBuf::from(path);
+        let secret = read_secret_file(&path)?;
+        return Ok((secret, SecretSource::File(path)));
+    }
+    let insecure = match env.get("CHORUS_INSECURE_DERIVED_SECRET").as_deref() {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(other) => {
+            return Err(LaunchError::Invalid {
+                var: "CHORUS_INSECURE_DERIVED_SECRET",
+                value: other.to_owned(),
+                reason: "expected 1 (or 0)".into(),
+            });
+        }
+    };
+    let derived = derived_secret(env, host, port);
+    if is_loopback(bind) {
+        Ok((derived, SecretSource::Derived))
+    } else if insecure {
+        Ok((derived, SecretSource::DerivedInsecure))
+    } else {
+        Err(LaunchError::DerivedSecretRefused { bind })
+    }
+}
+
+/// The largest secret file read: the secret is 64 hex digits and a newline.
+const SECRET_FILE_MAX: u64 = 4096;
+
+/// The secret in `path`: a regular file that neither group nor others may access, holding
+/// 64 hexadecimal digits.
+fn read_secret_file(path: &Path) -> Result<JobSecret, LaunchError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let bad = |reason: String| LaunchError::SecretFile {
+        path: path.to_owned(),
+        reason,
+    };
+    // Non-blocking, so a FIFO put there cannot hang the open; the checks below are on the
+    // opened file itself, not on a name that could be swapped in between.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+        .map_err(|e| bad(format!("cannot open it ({e})")))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| bad(format!("cannot stat it ({e})")))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "mode {mode:04o} lets group or others at the job secret; chmod 600 it"
+        )));
+    }
+    let mut text = String::new();
+    file.take(SECRET_FILE_MAX)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(format!("cannot read it ({e})")))?;
+    secret_from_hex(&text).map_err(|reason| bad(format!("not a secret: {reason}")))
+}
+
+/// Whether `ip` is reachable only from this host (`127.0.0.0/8`, `::1`, or a v4-mapped
+/// loopback address).
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
+/// `host:port` as an address (the first the resolver gives, as every rank asks alike).
+fn resolve(
+    env: &Env<'_>,
+    var: &'static str,
+    host: &str,
+    port: u16,
+) -> Result<SocketAddr, LaunchError> {
+    (env.resolve)(host, port).ok_or_else(|| LaunchError::Invalid {
+        var,
+        value: host.to_owned(),
+        reason: "cannot resolve this host".into(),
     })
 }
 
@@ -339,8 +507,9 @@ fn first_host(list: &str) -> Option<String> {
     let first = list.trim();
     let end = first.find([',', '[']).unwrap_or(first.len());
     let prefix = &first[..end];
-    if first[end..].starts_with('[') {
-        let inner = &first[end + 1..first.find(']')?];
+    if let Some(rest) = first[end..].strip_prefix('[') {
+        // The closing bracket after this one: a stray ']' earlier must not end the range.
+        let inner = &rest[..rest.find(']')?];
         let start = inner.split([',', '-']).next()?.trim();
         if start.is_empty() || !start.bytes().all(|b| b.is_ascii_digit()) {
             return None;
@@ -360,7 +529,254 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        detect_with(|k| map.get(k).cloned())
+        detect_using(&|k| map.get(k).cloned(), &resolver)
+    }
+
+    /// A resolver without DNS: IP literals are themselves, `localhost` is loopback, names
+    /// starting with `nowhere` do not resolve, any other name is a LAN host.
+    fn resolver(host: &str, port: u16) -> Option<SocketAddr> {
+        let ip: IpAddr = match host.parse() {
+            Ok(ip) => ip,
+            Err(_) if host == "localhost" => [127, 0, 0, 1].into(),
+            Err(_) if host.starts_with("nowhere") => return None,
+            Err(_) => [10, 9, 9, 9].into(),
+        };
+        Some(SocketAddr::new(ip, port))
+    }
+
+    fn address(l: Launch) -> (SocketAddr, SocketAddr, SecretSource) {
+        match l.root {
+            RootSpec::Address {
+                addr,
+                bind,
+                secret_from,
+                ..
+            } => (addr, bind, secret_from),
+            RootSpec::Token(_) => panic!("expected an address"),
+        }
+    }
+
+    const HEX: &str = "0101010101010101010101010101010101010101010101010101010101010101";
+
+    fn torchrun_at(addr: &str, more: &[(&'static str, &str)]) -> Result<Launch, LaunchError> {
+        let mut vars = vec![
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", addr),
+            ("MASTER_PORT", "29500"),
+        ];
+        vars.extend_from_slice(more);
+        detect_from(&vars)
+    }
+
+    #[test]
+    fn a_derived_secret_is_refused_off_loopback_naming_the_three_ways() {
+        let err = torchrun_at("10.0.0.5", &[]).unwrap_err();
+        assert_eq!(
+            err,
+            LaunchError::DerivedSecretRefused {
+                bind: [10, 0, 0, 5].into()
+            }
+        );
+        let text = err.to_string();
+        for way in [
+            "CHORUS_SECRET ",
+            "CHORUS_SECRET_FILE",
+            "chorus run",
+            "torch backend's store",
+        ] {
+            assert!(text.contains(way), "names {way}: {text}");
+        }
+        // A host name that resolves off loopback is refused alike.
+        assert!(matches!(
+            torchrun_at("node0", &[]),
+            Err(LaunchError::DerivedSecretRefused { .. })
+        ));
+        assert!(matches!(
+            torchrun_at("nowhere.example", &[]),
+            Err(LaunchError::Invalid {
+                var: "MASTER_ADDR",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_derived_secret_is_allowed_on_loopback() {
+        for host in [
+            "127.0.0.1",
+            "127.3.4.5",
+            "::1",
+            "localhost",
+            "::ffff:127.0.0.1",
+        ] {
+            let (addr, bind, from) = address(torchrun_at(host, &[]).unwrap());
+            assert_eq!(from, SecretSource::Derived, "{host}");
+            assert_eq!(bind, addr, "{host}");
+        }
+    }
+
+    #[test]
+    fn the_root_binds_the_address_the_ranks_were_told() {
+        let (addr, bind, from) =
+            address(torchrun_at("10.0.0.5", &[("CHORUS_SECRET", HEX)]).unwrap());
+        assert_eq!(addr, "10.0.0.5:29500".parse::<SocketAddr>().unwrap());
+        assert_eq!(bind, addr, "not every interface");
+        assert_eq!(from, SecretSource::Env);
+        let (_, bind, _) = address(
+            torchrun_at(
+                "10.0.0.5",
+                &[("CHORUS_SECRET", HEX), ("CHORUS_ROOT_BIND", "0.0.0.0")],
+            )
+            .unwrap(),
+        );
+        assert_eq!(
+            bind,
+            "0.0.0.0:29500".parse::<SocketAddr>().unwrap(),
+            "unless asked to"
+        );
+        assert!(matches!(
+            torchrun_at("10.0.0.5", &[("CHORUS_ROOT_BIND", "everywhere")]),
+            Err(LaunchError::Invalid {
+                var: "CHORUS_ROOT_BIND",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn binding_every_interface_is_not_loopback() {
+        for any in ["0.0.0.0", "::"] {
+            assert!(matches!(
+                torchrun_at("127.0.0.1", &[("CHORUS_ROOT_BIND", any)]),
+                Err(LaunchError::DerivedSecretRefused { .. })
+            ));
+        }
+        let (_, bind, from) =
+            address(torchrun_at("10.0.0.5", &[("CHORUS_ROOT_BIND", "127.0.0.1")]).unwrap());
+        assert_eq!(
+            (bind.ip(), from),
+            ([127, 0, 0, 1].into(), SecretSource::Derived)
+        );
+    }
+
+    #[test]
+    fn the_insecure_opt_out_is_explicit() {
+        let (_, _, from) =
+            address(torchrun_at("10.0.0.5", &[("CHORUS_INSECURE_DERIVED_SECRET", "1")]).unwrap());
+        assert_eq!(from, SecretSource::DerivedInsecure);
+        assert!(matches!(
+            torchrun_at("10.0.0.5", &[("CHORUS_INSECURE_DERIVED_SECRET", "0")]),
+            Err(LaunchError::DerivedSecretRefused { .. })
+        ));
+        assert!(matches!(
+            torchrun_at(
+                "10.0.0.5",
+                &[("CHORUS_INSECURE_DERIVED_SECRET", "yes please")]
+            ),
+            Err(LaunchError::Invalid {
+                var: "CHORUS_INSECURE_DERIVED_SECRET",
+                ..
+            })
+        ));
+    }
+
+    /// A file under the temporary directory with `text` and `mode`, removed on drop.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(name: &str, text: &str, mode: u32) -> TempFile {
+            use std::os::unix::fs::PermissionsExt;
+            let path =
+                std::env::temp_dir().join(format!("chorus-launch-{}-{name}", std::process::id()));
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            TempFile(path)
+        }
+        fn path(&self) -> &str {
+            self.0.to_str().unwrap()
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_secret_file_readable_only_by_its_owner_gives_the_secret() {
+        let file = TempFile::new("owner", &format!("{HEX}\n"), 0o600);
+        let l = torchrun_at("10.0.0.5", &[("CHORUS_SECRET_FILE", file.path())]).unwrap();
+        let RootSpec::Address {
+            secret,
+            secret_from,
+            ..
+        } = l.root
+        else {
+            panic!()
+        };
+        assert_eq!(secret, JobSecret::new([1; 32]));
+        assert_eq!(secret_from, SecretSource::File(file.0.clone()));
+        let read_only = TempFile::new("read-only", HEX, 0o400);
+        assert!(torchrun_at("10.0.0.5", &[("CHORUS_SECRET_FILE", read_only.path())]).is_ok());
+    }
+
+    #[test]
+    fn a_secret_file_others_can_read_is_refused_naming_file_and_mode() {
+        for (mode, shown) in [(0o640, "0640"), (0o604, "0604"), (0o620, "0620")] {
+            let file = TempFile::new("open", HEX, mode);
+            let err = torchrun_at("127.0.0.1", &[("CHORUS_SECRET_FILE", file.path())]).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, LaunchError::SecretFile { .. }), "{text}");
+            assert!(text.contains(file.path()), "names the file: {text}");
+            assert!(text.contains(shown), "names the mode: {text}");
+            assert!(!text.contains(HEX), "never echoes the secret: {text}");
+        }
+    }
+
+    #[test]
+    fn unusable_secret_files_are_errors() {
+        let missing = std::env::temp_dir().join("chorus-launch-no-such-secret");
+        let not_hex = TempFile::new("not-hex", "password123", 0o600);
+        let fifo = std::env::temp_dir().join(format!("chorus-launch-{}-fifo", std::process::id()));
+        let _ = std::fs::remove_file(&fifo);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let dir = std::env::temp_dir();
+        for path in [
+            missing.as_path(),
+            not_hex.0.as_path(),
+            fifo.as_path(),
+            dir.as_path(),
+        ] {
+            let err = torchrun_at(
+                "127.0.0.1",
+                &[("CHORUS_SECRET_FILE", path.to_str().unwrap())],
+            )
+            .unwrap_err();
+            assert!(matches!(err, LaunchError::SecretFile { .. }), "{err}");
+        }
+        let _ = std::fs::remove_file(&fifo);
+    }
+
+    #[test]
+    fn chorus_secret_wins_over_a_secret_file() {
+        let missing = "/nonexistent/chorus-secret";
+        let (_, _, from) = address(
+            torchrun_at(
+                "10.0.0.5",
+                &[("CHORUS_SECRET", HEX), ("CHORUS_SECRET_FILE", missing)],
+            )
+            .unwrap(),
+        );
+        assert_eq!(from, SecretSource::Env);
     }
 
     #[test]
@@ -372,6 +788,7 @@ mod tests {
             ("LOCAL_WORLD_SIZE", "2"),
             ("MASTER_ADDR", "10.0.0.5"),
             ("MASTER_PORT", "29500"),
+            ("CHORUS_SECRET", HEX),
         ])
         .unwrap();
         assert_eq!(l.source, LaunchSource::Torchrun);
@@ -382,15 +799,15 @@ mod tests {
         let RootSpec::Address {
             host,
             port,
-            secret_derived,
+            secret_from,
             ..
         } = l.root
         else {
             panic!()
         };
         assert_eq!(
-            (host.as_str(), port, secret_derived),
-            ("10.0.0.5", 29500, true)
+            (host.as_str(), port, secret_from),
+            ("10.0.0.5", 29500, SecretSource::Env)
         );
     }
 
@@ -427,6 +844,7 @@ mod tests {
             ("SLURM_NTASKS_PER_NODE", "4(x4)"),
             ("SLURM_JOB_ID", "123456"),
             ("SLURM_STEP_NODELIST", "gpu[07-10,12],login1"),
+            ("CHORUS_SECRET", HEX),
         ])
         .unwrap();
         assert_eq!(l.source, LaunchSource::Slurm);
@@ -455,12 +873,16 @@ mod tests {
             host,
             port,
             secret,
-            secret_derived,
+            secret_from,
+            ..
         } = l.root
         else {
             panic!()
         };
-        assert_eq!((host.as_str(), port, secret_derived), ("::1", 7000, false));
+        assert_eq!(
+            (host.as_str(), port, secret_from),
+            ("::1", 7000, SecretSource::Env)
+        );
         assert_eq!(secret, JobSecret::new([0; 32]));
     }
 
@@ -470,7 +892,7 @@ mod tests {
             detect_from(&[
                 ("RANK", r),
                 ("WORLD_SIZE", "2"),
-                ("MASTER_ADDR", "h"),
+                ("MASTER_ADDR", "localhost"),
                 ("MASTER_PORT", "9"),
                 ("TORCHELASTIC_RUN_ID", "job-1"),
             ])
@@ -561,5 +983,64 @@ mod tests {
         assert_eq!(first_host("n[x]"), None);
         assert_eq!(first_host("n[3-5"), None);
         assert_eq!(first_host(""), None);
+        assert_eq!(first_host("n]x[1]").as_deref(), Some("n]x1"));
+        assert_eq!(first_host("a]b["), None);
+    }
+
+    const LAUNCH_VARS: [&str; 22] = [
+        "CHORUS_RANK",
+        "CHORUS_WORLD_SIZE",
+        "CHORUS_LOCAL_RANK",
+        "CHORUS_LOCAL_WORLD_SIZE",
+        "CHORUS_UNIQUE_ID",
+        "CHORUS_ROOT",
+        "CHORUS_SECRET",
+        "CHORUS_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_STEP_NODELIST",
+        "SLURM_JOB_NODELIST",
+        "SLURM_JOB_ID",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+    ];
+
+    /// Values near what each variable accepts, mixed with noise.
+    fn value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<String>(),
+            "[0-9]{1,12}",
+            "[a-z0-9\\[\\],:.-]{0,30}",
+            "chorus1-[A-Za-z0-9_-]{0,130}",
+            "[0-9a-f]{64}",
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_environment_is_a_launch_or_an_error(
+            vars in proptest::collection::vec((0..LAUNCH_VARS.len(), value()), 0..10),
+        ) {
+            let vars: Vec<(&str, &str)> =
+                vars.iter().map(|(i, v)| (LAUNCH_VARS[*i], v.as_str())).collect();
+            if let Ok(l) = detect_from(&vars) {
+                proptest::prop_assert!(l.rank.get() < l.world && l.world <= MAX_WORLD);
+            }
+        }
+
+        #[test]
+        fn any_node_list_has_a_first_host_or_none(list in value()) {
+            if let Some(host) = first_host(&list) {
+                proptest::prop_assert!(!host.is_empty());
+            }
+        }
     }
 }

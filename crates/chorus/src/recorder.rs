@@ -105,13 +105,14 @@ impl Recorder {
         aborted
     }
 
-    /// The earliest instant at which a running operation passes `timeout`.
+    /// The earliest instant at which a running operation passes `timeout`; `None` when none
+    /// runs, or when `timeout` reaches past what the clock can represent (never overdue).
     #[cfg(test)]
     pub(crate) fn next_deadline(&self, timeout: Duration) -> Option<Instant> {
         self.lock()
             .iter()
             .filter(|e| e.ended.is_none())
-            .map(|e| e.started + timeout)
+            .filter_map(|e| e.started.checked_add(timeout))
             .min()
     }
 
@@ -259,6 +260,8 @@ mod tests {
             assert_eq!(records[0].state, OpState::Running);
             assert_eq!(records[0].waiting_on, Some(Rank(1)));
             assert!(recorder.next_deadline(Duration::from_secs(60)).is_some());
+            // A timeout past the clock's range is no deadline, not a panic.
+            assert_eq!(recorder.next_deadline(Duration::MAX), None);
             // Not overdue yet under a long timeout; overdue under a zero one.
             assert_eq!(
                 recorder.abort_overdue(Instant::now(), Duration::from_secs(60)),

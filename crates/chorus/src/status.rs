@@ -92,9 +92,14 @@ pub struct Stall {
 
 /// Asks the job `id` names for its status; every wait ends by `timeout` (members that have
 /// not answered by then are [`Answer::Unreachable`]). Fails only when the root itself cannot
-/// be reached or refuses. Blocking: it runs its own runtime on a helper thread, so it may be
-/// called from anywhere, an async context included.
+/// be reached or refuses, or when `timeout` lies outside [`crate::config::WAIT`]. Blocking:
+/// it runs its own runtime on a helper thread, so it may be called from anywhere, an async
+/// context included.
 pub fn query(id: &UniqueId, timeout: Duration) -> Result<JobStatus, Error> {
+    // Bounded here, before the transport adds it to an instant of its own.
+    crate::config::WAIT
+        .check("timeout", timeout)
+        .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("status {e}")))?;
     std::thread::scope(|s| {
         let worker = std::thread::Builder::new()
             .name("chorus-status".into())
@@ -114,7 +119,9 @@ pub fn query(id: &UniqueId, timeout: Duration) -> Result<JobStatus, Error> {
 
 async fn query_async(id: &UniqueId, timeout: Duration) -> Result<JobStatus, Error> {
     let started = Instant::now();
-    let deadline = started + timeout;
+    let deadline = started
+        .checked_add(timeout)
+        .ok_or_else(|| Error::new(ErrorKind::InvalidArgument, "status timeout is too long"))?;
     let endpoint = client_endpoint(id, timeout)?;
     let root = ask(
         &endpoint,
@@ -485,6 +492,25 @@ mod tests {
                 .collect(),
             members,
             elapsed: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_timeout_past_any_clock_is_an_error_not_a_panic() {
+        let id = UniqueId {
+            comm: CommId(1),
+            root: "127.0.0.1:9".parse().unwrap(),
+            fingerprint: [0; 32],
+            secret: chorus_protocol::JobSecret::new([0; 32]),
+        };
+        for timeout in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX / 2),
+            Duration::ZERO,
+        ] {
+            let err = query(&id, timeout).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+            assert!(err.to_string().contains("timeout"), "{err}");
         }
     }
 

@@ -3,7 +3,7 @@
 //! the first epoch's peer table, or asking a running communicator to admit this process;
 //! then the lineage's task and its first epoch, all by the caller's deadline.
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,7 +18,7 @@ use super::root::RootHost;
 use super::{Session, millis, tokio_instant};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::launch::{self, RootSpec};
+use crate::launch::{self, RootSpec, SecretSource};
 use crate::unique_id::{UniqueId, derived_comm};
 
 /// A lineage's first epoch, ready to run operations: what a communicator is made of.
@@ -54,30 +54,35 @@ pub(crate) async fn from_env(config: &Config) -> Result<Joining> {
             root: None,
         }),
         RootSpec::Address {
-            host,
-            port,
+            addr,
+            bind,
             secret,
-            secret_derived,
+            secret_from,
+            ..
         } => {
-            if secret_derived {
+            if secret_from == SecretSource::DerivedInsecure {
                 tracing::warn!(
-                    "no CHORUS_SECRET or token: the job secret is derived from the launch \
-                     environment, which anyone who can read it can derive too"
+                    %bind,
+                    "CHORUS_INSECURE_DERIVED_SECRET=1: the job secret is derived from the \
+                     launch environment while the root is reachable beyond this host; anyone \
+                     who can reach it can join the job"
                 );
             }
-            let addr = resolve(&host, port)?;
             let comm = derived_comm(&secret);
             let root = if launch.rank == Rank(0) {
-                let bind = SocketAddr::new(
-                    if addr.is_ipv4() {
-                        Ipv4Addr::UNSPECIFIED.into()
-                    } else {
-                        Ipv6Addr::UNSPECIFIED.into()
-                    },
-                    port,
-                );
-                let root =
-                    RootHost::start_with(bind, world, config, secret.clone(), comm, false).await?;
+                let root = RootHost::start_with(bind, world, config, secret.clone(), comm, false)
+                    .await
+                    .map_err(|e| match e.kind() {
+                        // The told address may not be this host's (a NAT, a service name).
+                        ErrorKind::Transport => Error::new(
+                            ErrorKind::Transport,
+                            format!(
+                                "root at {bind}: {e} (set CHORUS_ROOT_BIND to an address of \
+                                 this host, or 0.0.0.0 for every interface)"
+                            ),
+                        ),
+                        _ => e,
+                    })?;
                 Some(root)
             } else {
                 None
@@ -315,19 +320,4 @@ async fn ask_to_join(session: Arc<Session>, token: UniqueId, deadline: Instant) 
             "not admitted before the deadline (did the members call grow?)",
         )),
     }
-}
-
-/// Resolves `host:port`; a name that does not resolve is a configuration error.
-fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
-    use std::net::ToSocketAddrs;
-    (host, port)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Config,
-                format!("cannot resolve the root address {host}:{port}"),
-            )
-        })
 }

@@ -5,11 +5,19 @@
 //! Listeners consult it to admit or refuse every incoming connection (an unknown
 //! communicator or epoch is refused with `unknown-comm`, so a stranger or a stale peer is
 //! turned away before it costs anything), and route what they admit to the right place.
+//!
+//! At most one data link per `(comm, epoch, peer)` (SPEC 19): while one is parked or held
+//! and has not failed, another claiming the same peer (a replayed `Hello` on TCP, which is
+//! not bound to its connection, or a confused peer) is closed with `duplicate-rank`, and
+//! the live link keeps working. So is a link claiming this member's own rank.
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use chorus_engine::{CancelReason, Link};
 use chorus_protocol::message::Role;
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 use tokio::sync::{mpsc, oneshot};
@@ -32,6 +40,8 @@ struct Inner {
     parked: HashMap<(CommId, Epoch, Rank), (DataLink, Instant)>,
     /// Local waits for an inbound link.
     waiters: HashMap<(CommId, Epoch, Rank), oneshot::Sender<DataLink>>,
+    /// Inbound links handed out, while their holder keeps them: the slot is taken.
+    held: HashMap<(CommId, Epoch, Rank), Weak<dyn Link<Bytes>>>,
 }
 
 struct CommEntry {
@@ -77,6 +87,9 @@ impl Registry {
             .retain(|(c, e, _), _| !(*c == comm && *e == epoch));
         inner
             .waiters
+            .retain(|(c, e, _), _| !(*c == comm && *e == epoch));
+        inner
+            .held
             .retain(|(c, e, _), _| !(*c == comm && *e == epoch));
     }
 
@@ -127,15 +140,42 @@ impl Registry {
         self.lock().comms.get(&comm).map(|e| e.lineage.clone())
     }
 
-    /// An inbound data link arrived: hand it to whoever waits for it, or park it.
+    /// An inbound data link arrived: hand it to whoever waits for it, or park it; refuse
+    /// it with `duplicate-rank` if a live link already holds its slot, or if it claims this
+    /// member's own rank.
     pub(crate) fn deliver(&self, comm: CommId, epoch: Epoch, peer: Rank, link: DataLink) {
         let mut inner = self.lock();
         let key = (comm, epoch, peer);
+        let own = inner
+            .comms
+            .get(&comm)
+            .and_then(|e| e.ranks.get(&epoch))
+            .copied();
+        if own == Some(peer) {
+            drop(inner);
+            refuse(&link, format!("{peer} is this member's own rank"));
+            return;
+        }
+        if inner.taken(&key) {
+            drop(inner);
+            tracing::warn!(%comm, %epoch, %peer, "a second data link for a live one; refusing it");
+            refuse(
+                &link,
+                format!("{peer} already has a live data link at {epoch}"),
+            );
+            return;
+        }
         let link = match inner.waiters.remove(&key) {
-            Some(waiter) => match waiter.send(link) {
-                Ok(()) => return,
-                Err(link) => link,
-            },
+            Some(waiter) => {
+                let weak = Arc::downgrade(&link);
+                match waiter.send(link) {
+                    Ok(()) => {
+                        inner.held.insert(key, weak);
+                        return;
+                    }
+                    Err(link) => link,
+                }
+            }
             None => link,
         };
         let now = Instant::now();
@@ -147,10 +187,8 @@ impl Registry {
             tracing::warn!(%comm, %epoch, %peer, "too many unclaimed data links; refusing one");
             return;
         }
-        if let Some((old, _)) = inner.parked.insert(key, (link, now)) {
-            // A second link for the same slot: the peer reconnected; the newer one wins.
-            drop(old);
-        }
+        // A parked link that failed may be replaced (`taken` said it is not live).
+        inner.parked.insert(key, (link, now));
     }
 
     /// The inbound data link from `peer` for `comm` at `epoch`: at once if it is parked,
@@ -167,12 +205,195 @@ impl Registry {
         let key = (comm, epoch, peer);
         match inner.parked.remove(&key) {
             Some((link, _)) => {
-                let _ = tx.send(link);
+                let weak = Arc::downgrade(&link);
+                if tx.send(link).is_ok() {
+                    inner.held.insert(key, weak);
+                }
             }
             None => {
                 inner.waiters.insert(key, tx);
             }
         }
         rx
+    }
+}
+
+impl Inner {
+    /// Whether a live link holds `key`'s slot: parked, or handed out and still held, and
+    /// not failed.
+    fn taken(&mut self, key: &(CommId, Epoch, Rank)) -> bool {
+        if let Some((parked, _)) = self.parked.get(key) {
+            return parked.failure().is_none();
+        }
+        match self.held.get(key).and_then(Weak::upgrade) {
+            Some(held) => held.failure().is_none(),
+            None => {
+                self.held.remove(key);
+                false
+            }
+        }
+    }
+}
+
+/// Closes a refused link with `duplicate-rank`: its sender learns why at once.
+fn refuse(link: &DataLink, detail: String) {
+    link.cancel(CancelReason::new(CloseCode::DUPLICATE_RANK, detail));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chorus_engine::{HeldLimit, LinkError, LocalLink, Tag};
+    use chorus_protocol::{Collective, DType, OpSeq};
+    use futures::FutureExt;
+
+    const COMM: CommId = CommId(9);
+    const EPOCH: Epoch = Epoch(0);
+    const ME: Rank = Rank(0);
+    const PEER: Rank = Rank(1);
+
+    fn registry() -> Registry {
+        let r = Registry::default();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        r.serve(COMM, EPOCH, ME, tx);
+        r
+    }
+
+    /// This member's end of a link from `from` (for the registry), and the sender's end.
+    fn inbound(from: Rank) -> (DataLink, LocalLink<Bytes>) {
+        let (ours, theirs) = LocalLink::pair(ME, from, HeldLimit::default());
+        let ours = Tracked {
+            inner: ours,
+            cancelled: std::sync::OnceLock::new(),
+        };
+        (Arc::new(ours), theirs)
+    }
+
+    /// An in-process link that reports its failure once cancelled, as network links do.
+    struct Tracked {
+        inner: LocalLink<Bytes>,
+        cancelled: std::sync::OnceLock<CancelReason>,
+    }
+
+    impl Link<Bytes> for Tracked {
+        fn peer(&self) -> Rank {
+            self.inner.peer()
+        }
+        fn send(&self, tag: Tag, payload: Bytes) -> chorus_engine::LinkFuture<'_, ()> {
+            self.inner.send(tag, payload)
+        }
+        fn recv(&self, tag: Tag) -> chorus_engine::LinkFuture<'_, Bytes> {
+            self.inner.recv(tag)
+        }
+        fn cancel(&self, reason: CancelReason) {
+            let _ = self.cancelled.set(reason.clone());
+            self.inner.cancel(reason);
+        }
+        fn failure(&self) -> Option<LinkError> {
+            self.cancelled.get().cloned().map(LinkError::Cancelled)
+        }
+    }
+
+    fn tag(step: u32) -> Tag {
+        Tag {
+            collective: Collective::SendRecv,
+            op: OpSeq(1),
+            step,
+            offset: 0,
+            dtype: DType::U8,
+        }
+    }
+
+    // In-process links resolve at once or never: each check polls once, so none can hang.
+
+    /// Whether `link` still carries a payload from its sender end.
+    fn works(ours: &DataLink, theirs: &LocalLink<Bytes>, step: u32) -> bool {
+        let data = Bytes::from(vec![step as u8; 8]);
+        matches!(
+            theirs.send(tag(step), data.clone()).now_or_never(),
+            Some(Ok(()))
+        ) && matches!(ours.recv(tag(step)).now_or_never(), Some(Ok(got)) if got == data)
+    }
+
+    /// Whether the sender end saw its link closed with `duplicate-rank`.
+    fn refused(theirs: &LocalLink<Bytes>) -> bool {
+        matches!(
+            theirs.recv(tag(99)).now_or_never(),
+            Some(Err(LinkError::PeerDeparted { code, .. })) if code == CloseCode::DUPLICATE_RANK
+        )
+    }
+
+    /// The link parked or delivered for `PEER`, which must be there already.
+    fn claimed(r: &Registry) -> DataLink {
+        r.claim(COMM, EPOCH, PEER)
+            .try_recv()
+            .expect("a link is there to claim")
+    }
+
+    #[test]
+    fn a_second_link_for_a_live_rank_is_refused_and_the_live_one_keeps_working() {
+        let r = registry();
+        let (live, live_sender) = inbound(PEER);
+        r.deliver(COMM, EPOCH, PEER, live);
+        // A replay while the first is parked.
+        let (replay, replay_sender) = inbound(PEER);
+        r.deliver(COMM, EPOCH, PEER, replay);
+        assert!(refused(&replay_sender));
+        let held = claimed(&r);
+        assert!(
+            works(&held, &live_sender, 1),
+            "the first link is the one claimed"
+        );
+        // Another while it is held.
+        let (again, again_sender) = inbound(PEER);
+        r.deliver(COMM, EPOCH, PEER, again);
+        assert!(refused(&again_sender));
+        assert!(works(&held, &live_sender, 2), "the live link is untouched");
+    }
+
+    #[test]
+    fn a_second_link_is_refused_when_the_first_went_to_a_waiter() {
+        let r = registry();
+        let wait = r.claim(COMM, EPOCH, PEER);
+        let (live, live_sender) = inbound(PEER);
+        r.deliver(COMM, EPOCH, PEER, live);
+        let mut wait = wait;
+        let held = wait.try_recv().expect("the waiter got the link");
+        let (replay, replay_sender) = inbound(PEER);
+        r.deliver(COMM, EPOCH, PEER, replay);
+        assert!(refused(&replay_sender));
+        assert!(works(&held, &live_sender, 1));
+    }
+
+    #[test]
+    fn a_link_claiming_this_members_own_rank_is_refused() {
+        let r = registry();
+        let (mine, mine_sender) = inbound(ME);
+        r.deliver(COMM, EPOCH, ME, mine);
+        assert!(refused(&mine_sender));
+    }
+
+    #[test]
+    fn a_failed_or_released_link_frees_its_slot() {
+        let r = registry();
+        let (first, _first_sender) = inbound(PEER);
+        r.deliver(COMM, EPOCH, PEER, first);
+        let held = claimed(&r);
+        held.cancel(CancelReason::new(CloseCode::ABORTED, "test"));
+        let (second, second_sender) = inbound(PEER);
+        r.deliver(COMM, EPOCH, PEER, second);
+        let again = claimed(&r);
+        assert!(
+            works(&again, &second_sender, 1),
+            "a failed link's peer may reconnect"
+        );
+        drop(again);
+        let (third, third_sender) = inbound(PEER);
+        r.deliver(COMM, EPOCH, PEER, third);
+        let last = claimed(&r);
+        assert!(
+            works(&last, &third_sender, 2),
+            "a dropped link frees its slot"
+        );
     }
 }

@@ -76,6 +76,11 @@ impl RootHost {
         comm: CommId,
         pinned: bool,
     ) -> Result<RootHost, Error> {
+        // The root adds `init_timeout` to the clock: a configuration built in code must meet
+        // the bounds an environment's does before it gets there.
+        config
+            .check()
+            .map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
         if world == 0 {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -438,4 +443,21 @@ async fn answer_status(ch: ControlChannel, world: u32, members: Arc<Mutex<Option
 
 fn store(members: &Mutex<Option<Vec<PeerInfo>>>, welcome: &Welcome) {
     *members.lock() = Some(welcome.members.clone());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_refuses_a_timeout_past_any_clock() {
+        let config = Config {
+            init_timeout: Duration::MAX,
+            ..Config::default()
+        };
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        let err = RootHost::start(addr, 2, &config).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        assert!(err.to_string().contains("CHORUS_INIT_TIMEOUT"), "{err}");
+    }
 }
