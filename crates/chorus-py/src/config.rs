@@ -41,7 +41,7 @@ pub(crate) fn with_kwargs(base: Config, kwargs: Option<&Bound<'_, PyDict>>) -> P
         let key: String = key.extract()?;
         if !known.contains(&key) {
             return Err(PyTypeError::new_err(format!(
-                "unexpected keyword argument {key:?} (configuration keywords: {})",
+                "unexpected keyword argument '{key}' (configuration keywords: {})",
                 known.join(", ")
             )));
         }
