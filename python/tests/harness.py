@@ -47,6 +47,8 @@ class Ranks:
         self.procs = procs
         self.deadline = deadline
         self.out: List[List[str]] = [[] for _ in procs]
+        self.err: List[str] = ["" for _ in procs]
+        self.uid: Any = None
 
     def wait_mark(self, rank: int, what: str) -> float:
         """Reads rank's stdout until ``MARK what``; returns its time."""
@@ -68,11 +70,12 @@ class Ranks:
         results: List[Optional[dict]] = []
         for rank, p in enumerate(self.procs):
             try:
-                out, _ = p.communicate(timeout=max(0.1, self.deadline - time.time()))
+                out, err = p.communicate(timeout=max(0.1, self.deadline - time.time()))
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise AssertionError(f"rank {rank} still running at the deadline:\n{self.stderr()}")
             self.out[rank].extend(out.splitlines(keepends=True))
+            self.err[rank] = err or ""
         for rank, p in enumerate(self.procs):
             want = (expect_rc or {}).get(rank, 0)
             if want is not None and p.returncode != want:
@@ -100,8 +103,8 @@ class Ranks:
     def stderr(self) -> str:
         parts = []
         for rank, p in enumerate(self.procs):
-            err = ""
-            if p.stderr is not None:
+            err = self.err[rank]
+            if not err and p.stderr is not None and p.poll() is not None:
                 try:
                     err = p.stderr.read() or ""
                 except ValueError:
@@ -140,7 +143,7 @@ def start(body: str, world: int, *, timeout: float = 60.0, args: Any = None,
             )
         )
     ranks = Ranks(procs, time.time() + timeout)
-    ranks.uid = uid  # keeps the root alive for the run
+    ranks.uid = uid  # keeps the bootstrap root alive for the run
     return ranks
 
 
