@@ -14,12 +14,18 @@ import torch  # noqa: E402
 STEPS = 12
 
 
-@pytest.mark.timeout(400)
-def test_ddp_matches_gloo(tmp_path):
-    torchrun("train.py", 4, tmp_path, ["ddp", "gloo", str(STEPS)], timeout=150)
-    torchrun("train.py", 4, tmp_path, ["ddp", "chorus", str(STEPS)], timeout=150)
-    gloo = torch.load(tmp_path / "ddp-gloo.pt")
-    ours = torch.load(tmp_path / "ddp-chorus.pt")
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    """One 4-rank launch: DDP on gloo, DDP on chorus, FSDP2 on chorus, same seeds."""
+    out = tmp_path_factory.mktemp("train4")
+    torchrun("train.py", 4, out, ["ddp", str(STEPS)], timeout=240)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_ddp_matches_gloo(four):
+    gloo = torch.load(four / "ddp-gloo.pt")
+    ours = torch.load(four / "ddp-chorus.pt")
     for name, p in gloo["params"].items():
         q = ours["params"][name]
         rel = ((q - p).abs().max() / p.abs().max().clamp_min(1e-12)).item()
@@ -57,9 +63,13 @@ def reference(world: int, steps: int):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 4])
-def test_fsdp2_matches_one_process(tmp_path, world):
-    torchrun("train.py", world, tmp_path, ["fsdp", str(STEPS)], timeout=150)
-    got = torch.load(tmp_path / f"fsdp-{world}.pt")
+def test_fsdp2_matches_one_process(tmp_path, four, world):
+    if world == 4:
+        out = four
+    else:
+        torchrun("train.py", world, tmp_path, ["fsdp", str(STEPS)], timeout=150)
+        out = tmp_path
+    got = torch.load(out / f"fsdp-{world}.pt")
     params, losses = reference(world, STEPS)
     for name, p in params.items():
         torch.testing.assert_close(got["params"][name], p, rtol=1e-5, atol=1e-6)

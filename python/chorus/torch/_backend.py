@@ -112,6 +112,35 @@ class ProcessGroupChorus(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"ProcessGroupChorus(rank={self.rank()}, size={self.size()})"
 
+    # torch keeps a group's name in its C++ backends, and this group has none: it keeps
+    # its own (DeviceMesh, functional collectives and the group registry read it).
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    setGroupName = _set_group_name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def getGroupName(self) -> str:
+        return self.group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    setGroupDesc = _set_group_desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_desc", "undefined")
+
+    def getGroupDesc(self) -> str:
+        return self.group_desc
+
     # torch asks the group for its "backend" in a few places (batch_isend_irecv to learn
     # that it coalesces, FSDP2 whether it allocates tensors): the group is its own.
     def _get_backend(self, device: object = None) -> "ProcessGroupChorus":

@@ -77,13 +77,20 @@ def run(cmd: Sequence[str], env: Dict[str, str], timeout: float, expect_ok: bool
         out, _ = p.communicate(timeout=10)
         pytest.fail(f"{' '.join(cmd[-3:])} did not finish within {timeout:g} s:\n{out[-6000:]}")
     if expect_ok and p.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {p.returncode}:\n{out[-8000:]}")
+        pytest.fail(f"{' '.join(cmd)} exited {p.returncode}:\n{excerpt(out)}")
     return subprocess.CompletedProcess(cmd, p.returncode, out, "")
 
 
 def torchrun(script: str, nproc: int, out: Path, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None, rdzv: str = "standalone", timeout: float = 120) -> str:
     cmd = torchrun_args(nproc, rdzv) + [str(JOBS / script), *args]
     return run(cmd, job_env(out, env), timeout).stdout
+
+
+def excerpt(out: str) -> str:
+    """The first traceback of a failed launch, and its end."""
+    first = out.find("Traceback")
+    head = out[first : first + 5000] if first >= 0 else ""
+    return f"{head}\n...\n{out[-3000:]}"
 
 
 def kill_session(p: subprocess.Popen) -> None:

@@ -1,7 +1,8 @@
 """Training jobs for the chorus.torch tests, run under torchrun.
 
-    train.py ddp BACKEND STEPS          DDP; rank 0 saves losses and parameters
-    train.py fsdp STEPS                 FSDP2 fully_shard on chorus; rank 0 saves them
+    train.py ddp STEPS                  DDP on gloo, then on chorus, then FSDP2 on chorus;
+                                        rank 0 saves the losses and parameters of each
+    train.py fsdp STEPS                 FSDP2 fully_shard on chorus only
     train.py fault kill|stop VICTIM AT STEPS
                                         hand-written data parallelism on chorus; VICTIM
                                         kills (or stops) itself at step AT while the others
@@ -39,7 +40,7 @@ def model() -> nn.Module:
 def batch(step: int, rank: int):
     g = torch.Generator().manual_seed(10_000 * step + rank)
     x = torch.randn(8, 8, generator=g)
-    return x, x.sum(dim=1, keepdim=True).sin()
+    return x, x[:, :4].sum(dim=1, keepdim=True) - 0.5 * x[:, 4:].sum(dim=1, keepdim=True)
 
 
 def save(name: str, m: nn.Module, losses, **extra) -> None:
@@ -47,10 +48,18 @@ def save(name: str, m: nn.Module, losses, **extra) -> None:
     torch.save({"params": state, "losses": losses, **extra}, os.path.join(OUT, name))
 
 
-def ddp(backend: str, steps: int) -> None:
-    dist.init_process_group(backend)
+def ddp(steps: int) -> None:
+    dist.init_process_group("chorus")
+    gloo = dist.new_group(backend="gloo")
+    for backend, group in (("gloo", gloo), ("chorus", None)):
+        ddp_run(backend, group, steps)
+    fsdp_run(steps)
+    dist.destroy_process_group()
+
+
+def ddp_run(backend: str, group, steps: int) -> None:
     rank = dist.get_rank()
-    net = nn.parallel.DistributedDataParallel(model())
+    net = nn.parallel.DistributedDataParallel(model(), process_group=group)
     opt = torch.optim.SGD(net.parameters(), lr=LR)
     losses, times = [], []
     for step in range(steps):
@@ -63,18 +72,22 @@ def ddp(backend: str, steps: int) -> None:
         times.append(time.perf_counter() - t0)
         # The loss curve: every rank's loss, averaged (the same reduction on both backends).
         avg = loss.detach().clone()
-        dist.all_reduce(avg)
+        dist.all_reduce(avg, group=group)
         losses.append(avg.item() / dist.get_world_size())
     if rank == 0:
         save(f"ddp-{backend}.pt", net.module, losses, step_seconds=sorted(times[2:])[len(times[2:]) // 2])
-    dist.destroy_process_group()
 
 
 def fsdp(steps: int) -> None:
+    dist.init_process_group("chorus")
+    fsdp_run(steps)
+    dist.destroy_process_group()
+
+
+def fsdp_run(steps: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    dist.init_process_group("chorus")
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     net = model()
@@ -96,7 +109,6 @@ def fsdp(steps: int) -> None:
     full = {k: v.full_tensor() for k, v in net.state_dict().items()}
     if rank == 0:
         torch.save({"params": full, "losses": losses}, os.path.join(OUT, f"fsdp-{dist.get_world_size()}.pt"))
-    dist.destroy_process_group()
 
 
 def train_steps(net: nn.Module, group, start: int, steps: int, victim=None, how=None, at=None):
@@ -161,7 +173,7 @@ def resume(ckpt: str, at: int, steps: int) -> None:
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "ddp":
-        ddp(args[0], int(args[1]))
+        ddp(int(args[0]))
     elif mode == "fsdp":
         fsdp(int(args[0]))
     elif mode == "fault":
