@@ -100,6 +100,42 @@ def kill_session(p: subprocess.Popen) -> None:
         pass
 
 
+class ExitWatch:
+    """When a process ends, as the kernel tells it (a pidfd turns readable once the process
+    has finished exiting: its memory unmapped, its sockets closed). Started on the pid a job
+    writes to ``pid_file``; ``gone`` is the wall-clock time of the end, or None."""
+
+    def __init__(self, pid_file: Path, timeout: float) -> None:
+        import json
+        import select
+        import threading
+
+        self.gone: Optional[float] = None
+
+        def watch() -> None:
+            deadline = time.monotonic() + timeout
+            while not pid_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            try:
+                pid = json.loads(pid_file.read_text())["pid"]
+                fd = os.pidfd_open(pid)
+            except (OSError, ValueError, KeyError):
+                return
+            try:
+                ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+                if ready:
+                    self.gone = time.time()
+            finally:
+                os.close(fd)
+
+        self.thread = threading.Thread(target=watch, daemon=True)
+        self.thread.start()
+
+    def join(self, timeout: float) -> Optional[float]:
+        self.thread.join(timeout)
+        return self.gone
+
+
 class Nodes:
     """``nnodes`` torchrun agents with one worker each, on one host, meeting by static
     rendezvous: the shape of a multi-node job, where one node's death does not bring down
@@ -130,6 +166,18 @@ class Nodes:
                 self.kill()
                 pytest.fail(f"node {i} did not finish within {timeout:g} s:\n{self.logs()}")
         return codes
+
+    def wait_files(self, paths: Sequence[Path], timeout: float) -> None:
+        """Waits until every path exists (each worker writes one when it is done). The
+        agents are not waited for: after a node's death, torchrun's exit barrier holds the
+        others for its own timeout."""
+        deadline = time.monotonic() + timeout
+        while not all(p.exists() for p in paths):
+            if time.monotonic() > deadline:
+                self.kill()
+                missing = [p.name for p in paths if not p.exists()]
+                pytest.fail(f"{missing} not written within {timeout:g} s:\n{self.logs()}")
+            time.sleep(0.05)
 
     def kill(self) -> None:
         for p in self.procs:

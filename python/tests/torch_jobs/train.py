@@ -120,7 +120,9 @@ def train_steps(net: nn.Module, group, start: int, steps: int, victim=None, how=
         nn.functional.mse_loss(net(x), y).backward()
         works = [dist.all_reduce(p.grad, group=group, async_op=True) for p in net.parameters()]
         if victim is not None and step == at and rank == victim:
-            time.sleep(0.3)  # the others are in wait() by now
+            with open(os.path.join(OUT, "victim-pid.json"), "w") as f:
+                json.dump({"pid": os.getpid()}, f)  # the test watches this process's end
+            time.sleep(0.5)  # the others are in wait() by now
             with open(os.path.join(OUT, "victim.json"), "w") as f:
                 json.dump({"t": time.time(), "how": how}, f)
             os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
@@ -143,8 +145,9 @@ def fault(how: str, victim: int, at: int, steps: int) -> None:
     except chorus.Error as e:
         seen = {"t": time.time(), "class": type(e).__name__, "peer": e.peer, "message": str(e)}
         seen["errored"] = type(dist.group.WORLD.errored()).__name__
-    with open(os.path.join(OUT, f"seen-{rank}.json"), "w") as f:
+    with open(os.path.join(OUT, f"seen-{rank}.json.tmp"), "w") as f:
         json.dump(seen, f)
+    os.rename(os.path.join(OUT, f"seen-{rank}.json.tmp"), os.path.join(OUT, f"seen-{rank}.json"))
     if how == "stop":
         dist.group.WORLD.abort()
         os._exit(0)
@@ -154,10 +157,11 @@ def fault(how: str, victim: int, at: int, steps: int) -> None:
     if new_rank == 0:
         save("checkpoint.pt", net, [], at=at, world=dist.get_world_size(), old_rank=rank)
     train_steps(net, group, at, steps)
-    if new_rank == 0:
-        save("shrunk.pt", net, [], world=dist.get_world_size())
     dist.barrier()
     dist.destroy_process_group()
+    if new_rank == 0:
+        save("shrunk.pt.tmp", net, [], world=3)
+        os.rename(os.path.join(OUT, "shrunk.pt.tmp"), os.path.join(OUT, "shrunk.pt"))
 
 
 def resume(ckpt: str, at: int, steps: int) -> None:
