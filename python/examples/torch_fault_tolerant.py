@@ -7,7 +7,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import chorus
 import chorus.torch
 
 dist.init_process_group("chorus")
@@ -26,7 +25,8 @@ while step < 20:
         nn.functional.mse_loss(ddp(x), x.sum(1, keepdim=True)).backward()
         opt.step()
         step += 1
-    except chorus.Error as e:  # PeerFailed naming the rank, within milliseconds
+    except RuntimeError:  # DDP's backward re-raises chorus.PeerFailed as a RuntimeError
+        e = dist.group.WORLD.errored()  # the typed error: PeerFailed naming the rank
         print(f"rank {rank}: step {step}: {type(e).__name__}: peer {e.peer}")
         pg = chorus.torch.shrink()  # survivors, renumbered 0..2 in their old order
         ddp = nn.parallel.DistributedDataParallel(net, process_group=pg)  # retry this step

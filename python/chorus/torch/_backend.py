@@ -88,6 +88,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
         super().__init__(int(comm.rank), int(comm.size))
         self._comm = comm
         self._timeout = float(timeout)
+        self._comm_timeout = float(timeout)  # the communicator's own op timeout
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None
         self._aborted = False
@@ -210,6 +211,10 @@ class ProcessGroupChorus(dist.ProcessGroup):
     def _set_default_timeout(self, timeout: timedelta) -> None:
         self.set_timeout(timeout)
 
+    def _deadline(self) -> float:
+        slack = _DEADLINE_SLACK if self._timeout >= self._comm_timeout else 0.0
+        return time.monotonic() + self._timeout + slack
+
     def timeout_seconds(self) -> float:
         return self._timeout
 
@@ -238,7 +243,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
         if self._batch is not None:
             self._batch.append((name, steps, outputs, keep, post))
             return Work([self._batch_call], outputs)
-        deadline = time.monotonic() + self._timeout + _DEADLINE_SLACK
+        deadline = self._deadline()
         work = _link.submit(self._comm, steps, group, keep) if steps else None
         call = _Call(self, name, work, outputs, post, deadline)
         if work is None:
@@ -266,7 +271,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
         call.name = "coalesced(" + ",".join(b[0] for b in batch) + ")"
         call.outputs[:] = outputs
         call.post = (lambda: [p() for p in posts]) if posts else None
-        call.deadline = time.monotonic() + self._timeout + _DEADLINE_SLACK
+        call.deadline = self._deadline()
         if call.done.is_set():  # aborted during the block
             return Work([call])
         if steps:

@@ -108,7 +108,7 @@ if rank == 0:
     t0 = time.monotonic()
     e = expect(chorus.Timeout, lambda: dist.all_reduce(torch.ones(2), group=g), "all_reduce")
     found["set_timeout_s"] = time.monotonic() - t0
-    assert 0.4 < found["set_timeout_s"] < 4, found
+    assert 0.45 < found["set_timeout_s"] < 1.4, found
     assert isinstance(g.errored(), chorus.Timeout), g.errored()
 dist.barrier(group=world)
 g.abort()
@@ -129,7 +129,7 @@ g.abort()
 # --- tensors chorus cannot take: refused at the call, the group stays usable -----------
 expect(ValueError, lambda: dist.all_reduce(torch.ones(2, device="meta")), "CPU tensors only")
 expect(ValueError, lambda: dist.broadcast(torch.ones(3, 2)[:, 0], src=0), "contiguous")
-expect(ValueError, lambda: dist.send(torch.ones(1), rank), "another rank")
+expect(ValueError, lambda: dist.group.WORLD.send([torch.ones(1)], rank, 0), "another rank")
 ones_reduced()
 
 dist.destroy_process_group()
