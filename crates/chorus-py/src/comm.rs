@@ -1,0 +1,246 @@
+//! `chorus._chorus.Comm`: a `chorus::Comm` shared across Python threads (a second thread's
+//! `abort()` releases a collective blocked in the first), with its submission thread.
+//! The pure-Python `chorus.Comm` wraps it and checks arguments first.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chorus::{Comm, Config, RootHost, UniqueId};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::op::{self, OpTuple};
+use crate::queue::{Job, Queue};
+use crate::unique_id::PyUniqueId;
+use crate::wait::{self, Slot};
+use crate::work::{self, Work};
+use crate::{config, error, view};
+
+#[pyclass(frozen, module = "chorus._chorus", name = "Comm")]
+pub(crate) struct PyComm {
+    /// `None` once destroyed.
+    comm: Mutex<Option<Arc<Comm>>>,
+    queue: Queue,
+    rank: u32,
+    size: u32,
+    epoch: u64,
+    /// The bound on `destroy`'s wait for queued operations (the config's teardown budget).
+    teardown: Duration,
+    /// The bootstrap root this process hosts for the job, if it made the `UniqueId`.
+    _root: Option<Arc<RootHost>>,
+}
+
+impl PyComm {
+    fn new(comm: Comm, teardown: Duration, root: Option<Arc<RootHost>>) -> PyResult<PyComm> {
+        let comm = Arc::new(comm);
+        Ok(PyComm {
+            rank: comm.rank(),
+            size: comm.size(),
+            epoch: comm.epoch().get(),
+            queue: Queue::start(comm.clone())?,
+            comm: Mutex::new(Some(comm)),
+            teardown,
+            _root: root,
+        })
+    }
+
+    fn get(&self) -> PyResult<Arc<Comm>> {
+        self.comm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| destroyed())
+    }
+
+    /// Runs a bounded membership call on its own thread; Ctrl-C aborts the communicator.
+    fn call<T: Send + 'static>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Comm) -> chorus::Result<T> + Send + 'static,
+    ) -> PyResult<T> {
+        let comm = self.get()?;
+        let weak = Arc::downgrade(&comm);
+        wait::call(py, move || work::interrupt(&weak), move || f(&comm))?
+            .map_err(|e| error::to_py(py, &e))
+    }
+
+    fn child(&self, comm: Comm) -> PyResult<PyComm> {
+        PyComm::new(comm, self.teardown, self._root.clone())
+    }
+}
+
+#[pymethods]
+impl PyComm {
+    /// Joins the communicator `uid` names as `rank` of `world` (blocking, bounded by
+    /// `init_timeout`, GIL released).
+    #[staticmethod]
+    #[pyo3(signature = (uid, rank, world, **config))]
+    fn init(
+        py: Python<'_>,
+        uid: &Bound<'_, PyUniqueId>,
+        rank: u32,
+        world: u32,
+        config: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyComm> {
+        let config = config::with_kwargs(Config::default(), config)?;
+        let uid = uid.get();
+        let (id, root) = (uid.id.clone(), uid.root.clone());
+        let teardown = config.teardown_budget;
+        let comm = wait::call(
+            py,
+            || {},
+            move || Comm::init_blocking(&id, rank, world, config),
+        )?
+        .map_err(|e| error::to_py(py, &e))?;
+        PyComm::new(comm, teardown, root)
+    }
+
+    /// `init` from the launch environment (`chorus run`, torchrun, Slurm, Open MPI); the
+    /// `CHORUS_*` variables apply first, then the keywords.
+    #[staticmethod]
+    #[pyo3(signature = (**config))]
+    fn from_env(py: Python<'_>, config: Option<&Bound<'_, PyDict>>) -> PyResult<PyComm> {
+        let base = Config::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let config = config::with_kwargs(base, config)?;
+        let teardown = config.teardown_budget;
+        let comm = wait::call(py, || {}, move || Comm::from_env_blocking(config))?
+            .map_err(|e| error::to_py(py, &e))?;
+        PyComm::new(comm, teardown, None)
+    }
+
+    /// Joins a running communicator whose members call `grow`, with their `grow_token()`.
+    #[staticmethod]
+    #[pyo3(signature = (token, **config))]
+    fn join(py: Python<'_>, token: &str, config: Option<&Bound<'_, PyDict>>) -> PyResult<PyComm> {
+        let id =
+            UniqueId::parse(token).map_err(|e| PyValueError::new_err(format!("token: {e}")))?;
+        let config = config::with_kwargs(Config::default(), config)?;
+        let teardown = config.teardown_budget;
+        let comm = wait::call(py, || {}, move || Comm::join_blocking(&id, config))?
+            .map_err(|e| error::to_py(py, &e))?;
+        PyComm::new(comm, teardown, None)
+    }
+
+    /// Queues operations (a list of op tuples; `group`: run them as one NCCL group) behind
+    /// everything submitted before. `keep` owns their memory until they finish.
+    fn submit(&self, ops: Vec<OpTuple>, group: bool, keep: Py<PyAny>) -> PyResult<Work> {
+        let specs = op::parse(ops)?;
+        let comm = self.get()?;
+        let done = Slot::new();
+        let job = Job {
+            specs,
+            group,
+            done: done.clone(),
+            keep,
+        };
+        if self.queue.submit(job).is_err() {
+            return Err(destroyed());
+        }
+        Ok(Work {
+            done,
+            comm: Arc::downgrade(&comm),
+        })
+    }
+
+    #[getter]
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    #[getter]
+    fn size(&self) -> u32 {
+        self.size
+    }
+
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    #[getter]
+    fn destroyed(&self) -> bool {
+        self.comm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+
+    fn members<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        view::members(py, &*self.get()?)
+    }
+
+    fn health<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        view::health(py, &*self.get()?)
+    }
+
+    fn async_error<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        Ok(self.get()?.async_error().map(|e| error::instance(py, &e)))
+    }
+
+    /// Aborts now (local, immediate, idempotent): every operation in flight or queued on
+    /// this communicator, and on those split or shrunk from it, fails with `Aborted`.
+    #[pyo3(signature = (reason="aborted from Python"))]
+    fn abort(&self, reason: &str) {
+        if let Ok(comm) = self.get() {
+            comm.abort(reason);
+        }
+    }
+
+    fn revoke(&self, py: Python<'_>) -> PyResult<()> {
+        self.call(py, |c| c.blocking().revoke())
+    }
+
+    fn shrink(&self, py: Python<'_>) -> PyResult<PyComm> {
+        let comm = self.call(py, |c| c.blocking().shrink())?;
+        self.child(comm)
+    }
+
+    fn grow(&self, py: Python<'_>, joiners: u32) -> PyResult<PyComm> {
+        let comm = self.call(py, move |c| c.blocking().grow(joiners))?;
+        self.child(comm)
+    }
+
+    fn grow_token(&self) -> PyResult<String> {
+        Ok(self.get()?.grow_token().to_token())
+    }
+
+    #[pyo3(signature = (color, key=0))]
+    fn split(&self, py: Python<'_>, color: Option<u32>, key: u32) -> PyResult<Option<PyComm>> {
+        match self.call(py, move |c| c.blocking().split(color, key))? {
+            Some(comm) => Ok(Some(self.child(comm)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Leaves gracefully (idempotent). Queued operations get the teardown budget to
+    /// finish; then the communicator is aborted, which ends them with `Aborted`.
+    fn destroy(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(comm) = self.comm.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return Ok(());
+        };
+        self.queue.close();
+        let weak = Arc::downgrade(&comm);
+        let drained = wait::wait(py, &self.queue.exited, Some(self.teardown), || {
+            work::interrupt(&weak)
+        })?;
+        if !drained {
+            comm.abort("destroyed with operations still queued");
+            wait::wait(py, &self.queue.exited, Some(self.teardown), || {})?;
+        }
+        match Arc::try_unwrap(comm) {
+            Ok(comm) => wait::call(py, || {}, move || comm.destroy_blocking())?
+                .map_err(|e| error::to_py(py, &e)),
+            // A membership call still holds it (it returns within its own deadline): leave
+            // without waiting on anyone.
+            Err(shared) => {
+                shared.abort("destroyed while another call was using it");
+                Ok(())
+            }
+        }
+    }
+}
+
+fn destroyed() -> PyErr {
+    error::to_py_destroyed()
+}
