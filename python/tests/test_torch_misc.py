@@ -1,7 +1,9 @@
 """chorus.torch: the init methods (tcp://, file://, env://), torchft's watchdog abort,
-timeouts and bad input, on two plain processes; and a training script under `chorus run`."""
+timeouts, bad input and grow (a third process joins), on plain processes; and the README's
+DDP example under `chorus run`."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -20,7 +22,7 @@ def test_init_methods_abort_timeouts_bad_input(tmp_path):
     procs = [
         subprocess.Popen([sys.executable, str(JOBS / "misc.py"), str(r), str(port), str(store)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        for r in range(2)
+        for r in ("0", "1", "join")
     ]
     outs = []
     for p in procs:
@@ -30,7 +32,7 @@ def test_init_methods_abort_timeouts_bad_input(tmp_path):
             for q in procs:
                 kill_session(q)
             pytest.fail("misc.py did not finish within 150 s")
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-5000:] for o in outs)
+    assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(o[-5000:] for o in outs)
     found = json.loads((tmp_path / "misc.json").read_text())
     assert found["abort_release_s"] < 0.05
     print(f"misc: {found}", file=sys.stderr)
@@ -38,10 +40,10 @@ def test_init_methods_abort_timeouts_bad_input(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_under_chorus_run(tmp_path):
-    chorus = REPO / "target" / "debug" / "chorus"
-    if not chorus.exists():
+    chorus = os.environ.get("CHORUS_BIN") or str(REPO / "target" / "debug" / "chorus")
+    if not os.path.exists(chorus):
         print(f"{__name__}: skipped test_under_chorus_run: {chorus} is not built (cargo build -p chorus-cli)", file=sys.stderr)
         pytest.skip("chorus-cli is not built")
-    cmd = [str(chorus), "run", "-n", "2", "--", sys.executable, str(REPO / "python" / "examples" / "torch_ddp.py")]
+    cmd = [chorus, "run", "-n", "2", "--", sys.executable, str(REPO / "python" / "examples" / "torch_ddp.py")]
     out = run(cmd, job_env(tmp_path), timeout=120).stdout
     assert "final loss" in out, out

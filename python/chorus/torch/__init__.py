@@ -86,9 +86,12 @@ def grow_token(group: Optional[dist.ProcessGroup] = None) -> str:
 def grow(group: Optional[dist.ProcessGroup] = None, joiners: int = 1) -> ProcessGroupChorus:
     """Admits ``joiners`` new processes (which call :func:`join` with :func:`grow_token`)
     at an epoch boundary: every member calls it; the members keep their ranks and the
-    newcomers follow. Returns the new group (the new default if ``group`` was)."""
+    newcomers follow. Returns the new group, which becomes the default group: only the
+    default group grows (a newcomer has no other group to be part of)."""
     old = _group(group)
     was_default = old is _c10d._get_default_group()
+    if not was_default:
+        raise ValueError("grow: only the default group can grow (newcomers join it as their world)")
     new = ProcessGroupChorus(old.comm.grow(int(joiners)), old.timeout_seconds())
     _install(new, old, was_default, "grow")
     return new

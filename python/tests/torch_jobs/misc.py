@@ -16,10 +16,26 @@ import torch.distributed as dist
 import chorus
 import chorus.torch
 
-rank, port, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 N = 2
 OUT = os.environ["OUT"]
 found = {}
+TOKEN = os.path.join(OUT, "grow-token")
+
+if sys.argv[1] == "join":
+    # The newcomer: waits (bounded) for the members' grow token, joins, then takes part.
+    deadline = time.monotonic() + 120
+    while not os.path.exists(TOKEN):
+        assert time.monotonic() < deadline, "no grow token within 120 s"
+        time.sleep(0.05)
+    group = chorus.torch.join(open(TOKEN).read(), timeout=timedelta(seconds=60))
+    assert (dist.get_rank(), dist.get_world_size()) == (2, 3), (dist.get_rank(), dist.get_world_size())
+    t = torch.full((2,), 10.0)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((2,), 13.0)), t
+    dist.destroy_process_group()
+    sys.exit(0)
+
+rank, port, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 
 
 def expect(exc_class, fn, *words):
@@ -131,6 +147,18 @@ expect(ValueError, lambda: dist.all_reduce(torch.ones(2, device="meta")), "CPU t
 expect(ValueError, lambda: dist.broadcast(torch.ones(3, 2)[:, 0], src=0), "contiguous")
 expect(ValueError, lambda: dist.group.WORLD.send([torch.ones(1)], rank, 0), "another rank")
 ones_reduced()
+
+# --- grow: a third process joins at an epoch boundary; the members keep their ranks -----
+if rank == 0:
+    with open(TOKEN + ".tmp", "w") as f:
+        f.write(chorus.torch.grow_token())
+    os.rename(TOKEN + ".tmp", TOKEN)
+grown = chorus.torch.grow(joiners=1)
+assert grown is dist.group.WORLD and (dist.get_rank(), dist.get_world_size()) == (rank, 3)
+t = torch.full((2,), float(rank + 1))
+dist.all_reduce(t)
+assert torch.equal(t, torch.full((2,), 13.0)), t
+found["grow"] = 3
 
 dist.destroy_process_group()
 if rank == 0:
