@@ -47,3 +47,18 @@ def test_under_chorus_run(tmp_path):
     cmd = [chorus, "run", "-n", "2", "--", sys.executable, str(REPO / "python" / "examples" / "torch_ddp.py")]
     out = run(cmd, job_env(tmp_path), timeout=120).stdout
     assert "final loss" in out, out
+
+
+@pytest.mark.timeout(400)
+def test_fault_tolerant_example_under_chorus_run(tmp_path):
+    chorus = os.environ.get("CHORUS_BIN") or str(REPO / "target" / "debug" / "chorus")
+    if not os.path.exists(chorus):
+        print(f"{__name__}: skipped the fault-tolerant example: {chorus} is not built (cargo build -p chorus-cli)", file=sys.stderr)
+        pytest.skip("chorus-cli is not built")
+    cmd = [chorus, "run", "-n", "4", "--", sys.executable, str(REPO / "python" / "examples" / "torch_fault_tolerant.py")]
+    out = run(cmd, job_env(tmp_path), timeout=300, expect_ok=False).stdout
+    # Rank 3 killed itself (so `chorus run` reports a failed rank); the others went on.
+    for r in range(3):
+        assert f"rank {r}: step 5: PeerFailed: peer 3" in out, out
+    assert "finished 20 steps on 3 ranks" in out, out
+    assert "rank 3" in out and "SIGKILL" in out, out
