@@ -9,12 +9,15 @@ import os
 import signal
 import time
 
+import pytest
+
 import harness
 
 DEADLINE_S = 1.5
 
 REFIT = r'''
 import hashlib
+comm = connect(heartbeat_interval="100ms", heartbeat_deadline=ARGS["deadline"])
 try:
     import torch
 except ImportError:
@@ -44,7 +47,6 @@ def refit(c):
     for n in NAMES:
         c.broadcast(params[n], root=0)
 
-comm = connect(heartbeat_interval="100ms", heartbeat_deadline=ARGS["deadline"])
 n = 0
 try:
     while n < 1000:
@@ -95,8 +97,10 @@ def check_survivors(results, deadline_s, since, bound_s):
         assert r["identical"], f"rank {rank}: the refit after shrink differs from rank 0's bytes"
 
 
+@pytest.mark.timeout(300)
 def test_refit_survives_a_killed_shard():
-    ranks = harness.start(REFIT, 5, timeout=150, args={"deadline": f"{DEADLINE_S}s"})
+    ranks = harness.start(REFIT, 5, timeout=280, args={"deadline": f"{DEADLINE_S}s"},
+                          config={"init_timeout": "120s"})
     ranks.wait_mark(2, "refit1")
     time.sleep(0.02)  # mid-broadcast
     killed = time.time()
@@ -105,8 +109,10 @@ def test_refit_survives_a_killed_shard():
     check_survivors(results, DEADLINE_S, killed, 0.1)
 
 
+@pytest.mark.timeout(300)
 def test_refit_survives_a_frozen_shard_which_is_then_evicted():
-    ranks = harness.start(REFIT, 5, timeout=150, args={"deadline": f"{DEADLINE_S}s"})
+    ranks = harness.start(REFIT, 5, timeout=280, args={"deadline": f"{DEADLINE_S}s"},
+                          config={"init_timeout": "120s"})
     ranks.wait_mark(2, "refit1")
     time.sleep(0.02)
     stopped = time.time()
