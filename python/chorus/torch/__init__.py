@@ -20,6 +20,7 @@ newcomers without restarting the processes.
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Optional
 
@@ -38,12 +39,43 @@ BACKEND = "chorus"
 _DEFAULT_TIMEOUT = 1800.0  # torch's default for backends other than NCCL
 
 
+_launcher_token_used = False
+
+
 def _create(opts: object, backend_options: object = None) -> ProcessGroupChorus:
-    """torch's creator hook (extended API): one communicator per group, met in the store."""
+    """torch's creator hook (extended API): one communicator per group, met in the store
+    (or, for the default group under ``chorus run``, through the launcher's own root)."""
     timeout = _seconds(getattr(opts, "timeout", None), _DEFAULT_TIMEOUT)
     rank, size = int(opts.group_rank), int(opts.group_size)
-    comm = rendezvous(opts.store, rank, size, timeout, config_from_env(timeout))
+    config = config_from_env(timeout)
+    token = _launcher_token(opts, rank, size)
+    if token is not None:
+        comm = chorus.Comm(chorus.UniqueId(token), rank, size, **config)
+    else:
+        comm = rendezvous(opts.store, rank, size, timeout, config)
     return ProcessGroupChorus(comm, timeout)
+
+
+def _launcher_token(opts: object, rank: int, size: int) -> Optional[str]:
+    """``chorus run``'s job token, for the first default group of a process it launched
+    with the same rank and world: its root is the launcher, which witnesses every rank's
+    exit (the fastest evidence) and would otherwise wait for ranks that never join it. The
+    token names one communicator, so a later group meets through the store as usual."""
+    global _launcher_token_used
+    env = os.environ
+    token = env.get("CHORUS_UNIQUE_ID")
+    members = getattr(opts, "global_ranks_in_group", None)
+    if (
+        not token
+        or _launcher_token_used
+        or members is None
+        or len(members) != 0  # empty only for the default group
+        or env.get("CHORUS_RANK") != str(rank)
+        or env.get("CHORUS_WORLD_SIZE") != str(size)
+    ):
+        return None
+    _launcher_token_used = True
+    return token
 
 
 def _register() -> None:
