@@ -23,7 +23,9 @@ if kind == "torch":
     def empty(n, dtype):
         return torch.zeros(n, dtype=getattr(torch, dtype))
     def host(x):
-        return x.to(torch.float64).numpy()
+        if isinstance(x, torch.Tensor):
+            return x.to(torch.float64).numpy()
+        return np.asarray(x, dtype=np.float64)
     def ptr(x):
         return x.data_ptr()
 else:
@@ -75,6 +77,10 @@ checked = 0
 def check(name, got, want):
     global checked
     checked += 1
+    if not isinstance(got, np.ndarray) or got.dtype != np.float64:
+        # the exact result rounded to the buffer's type (9 is 8 in fp8 e5m2)
+        name_of = str(got.dtype).replace("torch.", "")
+        want = host(make(np.asarray(want, dtype=np.float64), name_of))
     got = host(got)
     want = np.asarray(want, dtype=np.float64)
     if got.shape != want.shape or not np.allclose(got, want, rtol=1e-2, atol=1e-2):
@@ -115,7 +121,7 @@ for dtype in DTYPES:
         check(f"reduce_scatter {dtype} {op}", out, full[R * N:(R + 1) * N])
         big = make(values(R, N * WORLD), dtype)
         comm.reduce_scatter(big, op=op_arg(op))
-        check(f"reduce_scatter in place {dtype} {op}", host(big)[R * N:(R + 1) * N], full[R * N:(R + 1) * N])
+        check(f"reduce_scatter in place {dtype} {op}", big[R * N:(R + 1) * N], full[R * N:(R + 1) * N])
 
     # broadcast from rank 1, in place and out of place
     a = make(values(R), dtype)
@@ -133,10 +139,11 @@ for dtype in DTYPES:
     comm.all_gather(buf)
     check(f"all_gather in place {dtype}", buf, sum((values(r) for r in range(WORLD)), []))
     # all_to_all: block j of rank i goes to rank j's block i
-    send = make([10 * R + j for j in range(WORLD) for _ in range(2)], dtype)
+    # (block j of rank i is [i + 1, j + 1]: small values, exact in fp8 too)
+    send = make([v for j in range(WORLD) for v in (R + 1, j + 1)], dtype)
     out = empty(2 * WORLD, dtype)
     comm.all_to_all(send, out)
-    check(f"all_to_all {dtype}", out, [10 * i + R for i in range(WORLD) for _ in range(2)])
+    check(f"all_to_all {dtype}", out, [v for i in range(WORLD) for v in (i + 1, R + 1)])
     # gather to rank 0, scatter from rank 0
     out = empty(N * WORLD, dtype) if R == 0 else None
     comm.gather(make(values(R), dtype), out, root=0)
