@@ -50,7 +50,7 @@ def config_from_env(timeout: float) -> dict:
     job tunes heartbeats the usual way), with torch's timeout as the op timeout and, unless
     ``CHORUS_INIT_TIMEOUT`` says otherwise, as the init timeout."""
     cfg = {}
-    for key in _link._raw_mod.config_keys():
+    for key in chorus.CONFIG_KEYS:
         value = os.environ.get(f"CHORUS_{key.upper()}")
         if value is not None and value != "":
             cfg[key] = value
@@ -244,7 +244,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
             self._batch.append((name, steps, outputs, keep, post))
             return Work([self._batch_call], outputs)
         deadline = self._deadline()
-        work = _link.submit(self._comm, steps, group, keep) if steps else None
+        work = _link.submit(self._comm, steps, group) if steps else None
         call = _Call(self, name, work, outputs, post, deadline)
         if work is None:
             call._end(None)
@@ -275,7 +275,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
         if call.done.is_set():  # aborted during the block
             return Work([call])
         if steps:
-            call.work = _link.submit(self._comm, steps, True, tuple(b[3] for b in batch))
+            call.work = _link.submit(self._comm, steps, True)
         else:
             call._end(None)
         return Work([call])
@@ -286,7 +286,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
 
     def _reduce_steps(self, kind: str, t: torch.Tensor, red: _ops.Reduction, what: str, root: int = 0) -> Step:
         r = _ops.reducible(t, red, what)
-        return Step(kind, r.tensor, r.tensor, r.tensor.numel(), r.dtype, r.red.name, r.red.factor, root)
+        return Step(kind, r.tensor, r.tensor, r.red.name, r.red.factor, root)
 
     def allreduce(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
         ts = check_list(tensors, "tensors")
@@ -306,7 +306,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
         steps = []
         for t in ts:
             b = byte_view(t)
-            steps.append(Step("broadcast", b, b, b.numel(), peer=root))
+            steps.append(Step("broadcast", b, b, peer=root))
         return self._submit("broadcast", steps, ts, tuple(s.send for s in steps), group=len(steps) > 1)
 
     def reduce(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
@@ -327,7 +327,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
         n = self.size()
         block = nbytes(inp)
         flat = torch.empty(n * block, dtype=torch.uint8)
-        step = Step("all_gather", byte_view(inp), flat, block)
+        step = Step("all_gather", byte_view(inp), flat)
 
         def post() -> None:
             for i, o in enumerate(outs):
@@ -345,7 +345,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
             outs = self._per_rank(output_lists[k], inp, f"output_lists[{k}]", f"input_tensors[{k}]")
             block = nbytes(inp)
             flat = torch.empty(n * block, dtype=torch.uint8)
-            steps.append(Step("all_gather", byte_view(inp), flat, block))
+            steps.append(Step("all_gather", byte_view(inp), flat))
             keep += [inp, flat, outs]
             outputs += outs
             posts.append((flat, outs, block))
@@ -371,10 +371,10 @@ class ProcessGroupChorus(dist.ProcessGroup):
         block = nbytes(inp)
         out = byte_view(output)
         if block and inp.data_ptr() == output.data_ptr() + self.rank() * block:
-            return Step("all_gather", out, out, block)  # in place: the input is this rank's block
+            return Step("all_gather", out, out)  # in place: the input is this rank's block
         if block and _overlaps(inp, output):
             inp = inp.clone()
-        return Step("all_gather", byte_view(inp), out, block)
+        return Step("all_gather", byte_view(inp), out)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> Work:
         step = self._gather_into("all_gather_into_tensor", output, input, "")
@@ -400,7 +400,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
         flat = torch.cat([t.reshape(-1) for t in ins]) if ins else torch.empty(0, dtype=out.dtype)
         r_in = _ops.reducible(flat, red, "input_tensors[0]")
         r_out = _ops.reducible(out, red, "output_tensors[0]")
-        step = Step("reduce_scatter", r_in.tensor, r_out.tensor, r_out.tensor.numel(), r_in.dtype, r_in.red.name, r_in.red.factor)
+        step = Step("reduce_scatter", r_in.tensor, r_out.tensor, r_in.red.name, r_in.red.factor)
         return self._submit("reduce_scatter", [step], [out], (flat, out, r_in.tensor, r_out.tensor))
 
     def _scatter_from(self, output: torch.Tensor, inp: torch.Tensor, red: _ops.Reduction, what: str) -> tuple:
@@ -419,7 +419,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
             inp = inp.clone()
         r_in = _ops.reducible(inp, red, f"{what}input")
         r_out = _ops.reducible(output, red, f"{what}output")
-        step = Step("reduce_scatter", r_in.tensor, r_out.tensor, r_out.tensor.numel(), r_in.dtype, r_in.red.name, r_in.red.factor)
+        step = Step("reduce_scatter", r_in.tensor, r_out.tensor, r_in.red.name, r_in.red.factor)
         return step, (inp, output, r_in.tensor, r_out.tensor)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> Work:
@@ -456,11 +456,11 @@ class ProcessGroupChorus(dist.ProcessGroup):
                 for i, o in enumerate(outs):
                     byte_view(o).copy_(flat[i * block : (i + 1) * block])
 
-            step = Step("gather", byte_view(inp), flat, block, peer=root)
+            step = Step("gather", byte_view(inp), flat, peer=root)
             return self._submit("gather", [step], outs, (inp, flat, outs), post)
         if output_lists and any(len(x) for x in output_lists):
             raise ValueError("output_tensors: expected no output tensors on a rank that is not the root")
-        step = Step("gather", byte_view(inp), None, block, peer=root)
+        step = Step("gather", byte_view(inp), None, peer=root)
         return self._submit("gather", [step], [], (inp,))
 
     def gather_single(self, output: Optional[torch.Tensor], input: torch.Tensor, opts: object = None) -> Work:
@@ -474,9 +474,9 @@ class ProcessGroupChorus(dist.ProcessGroup):
                     f"gather_tensor: expected {n * inp.numel()} elements of {inp.dtype}, "
                     f"got {out.numel()} of {out.dtype}"
                 )
-            step = Step("gather", byte_view(inp), byte_view(out), block, peer=root)
+            step = Step("gather", byte_view(inp), byte_view(out), peer=root)
             return self._submit("gather", [step], [out], (inp, out))
-        step = Step("gather", byte_view(inp), None, block, peer=root)
+        step = Step("gather", byte_view(inp), None, peer=root)
         return self._submit("gather", [step], [], (inp,))
 
     def scatter(self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: object = None) -> Work:
@@ -488,11 +488,11 @@ class ProcessGroupChorus(dist.ProcessGroup):
                 raise ValueError("input_tensors: expected one list of tensors at the root")
             ins = self._per_rank(input_lists[0], out, "input_tensors[0]", "the output")
             flat = torch.cat([byte_view(t) for t in ins]) if ins else torch.empty(0, dtype=torch.uint8)
-            step = Step("scatter", flat, byte_view(out), block, peer=root)
+            step = Step("scatter", flat, byte_view(out), peer=root)
             return self._submit("scatter", [step], [out], (flat, out))
         if input_lists and any(len(x) for x in input_lists):
             raise ValueError("input_tensors: expected no input tensors on a rank that is not the root")
-        step = Step("scatter", None, byte_view(out), block, peer=root)
+        step = Step("scatter", None, byte_view(out), peer=root)
         return self._submit("scatter", [step], [out], (out,))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int], input_split_sizes: List[int], opts: object = None) -> Work:
@@ -511,7 +511,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
                 inp = inp.clone()
             src = byte_view(inp)
             dst = byte_view(out)
-            step = Step("all_to_all", src, dst if inp.data_ptr() != out.data_ptr() else src, nbytes(inp) // n)
+            step = Step("all_to_all", src, dst if inp.data_ptr() != out.data_ptr() else src)
             return self._submit("all_to_all_single", [step], [output], (inp, out))
         ins = _ops.split_sizes(input_split_sizes, inp, n, "input_split_sizes")
         outs = _ops.split_sizes(output_split_sizes, out, n, "output_split_sizes")
@@ -560,8 +560,8 @@ class ProcessGroupChorus(dist.ProcessGroup):
         )
 
     def _p2p_exchange(self, name: str, sends: list, recvs: list, outputs: list, keep: tuple) -> Work:
-        steps = [Step("send", b, None, b.numel(), peer=p) for p, b in sends if b.numel()]
-        steps += [Step("recv", None, b, b.numel(), peer=p) for p, b in recvs if b.numel()]
+        steps = [Step("send", b, None, peer=p) for p, b in sends if b.numel()]
+        steps += [Step("recv", None, b, peer=p) for p, b in recvs if b.numel()]
         return self._submit(name, steps, outputs, keep + tuple(s.send if s.send is not None else s.recv for s in steps), group=True)
 
     def send(self, tensors: List[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
@@ -569,19 +569,19 @@ class ProcessGroupChorus(dist.ProcessGroup):
         t = one(tensors, "tensors")
         peer = self._peer(dst_rank, "dst")
         b = byte_view(t)
-        return self._submit("send", [Step("send", b, None, b.numel(), peer=peer)], [t], (t, b))
+        return self._submit("send", [Step("send", b, None, peer=peer)], [t], (t, b))
 
     def recv(self, tensors: List[torch.Tensor], src_rank: int, tag: int = 0) -> Work:
         t = one(tensors, "tensors")
         peer = self._peer(src_rank, "src")
         b = byte_view(t)
-        return self._submit("recv", [Step("recv", None, b, b.numel(), peer=peer)], [t], (t, b))
+        return self._submit("recv", [Step("recv", None, b, peer=peer)], [t], (t, b))
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Work:
         raise ValueError("recv: the chorus backend needs the source rank (receiving from any source is not supported)")
 
     def barrier(self, opts: object = None) -> Work:
-        return self._submit("barrier", [Step("barrier", None, None, 0)], [], ())
+        return self._submit("barrier", [Step("barrier", None, None)], [], ())
 
     # --- helpers ------------------------------------------------------------------------
 

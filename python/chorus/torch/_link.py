@@ -15,51 +15,62 @@ import torch
 
 import chorus
 
-_raw_mod = chorus._chorus
-_DTYPES = _raw_mod.DTYPES  # {name: (code, bytes per element)}
 
 
 @dataclass
 class Step:
-    """One chorus operation: ``send``/``recv`` are tensors (``send is recv`` for in place),
-    ``count`` elements of ``dtype`` per block, ``peer`` is the root or the peer."""
+    """One chorus operation: ``send``/``recv`` are tensors (``send is recv`` for in place)
+    whose own dtypes are what chorus reduces; ``peer`` is the root or the peer."""
 
     name: str
     send: Optional[torch.Tensor]
     recv: Optional[torch.Tensor]
-    count: int
-    dtype: str = "uint8"
     red: str = "sum"
     factor: float = 1.0
     peer: int = 0
 
-    def tuple(self) -> tuple:
-        def mem(t: Optional[torch.Tensor]):
-            if t is None:
-                return None
-            return (t.data_ptr(), t.numel() * t.element_size())
+    def op(self) -> object:
+        return chorus.PreMulSum(self.factor) if self.red == "premulsum" else self.red
 
-        send = mem(self.send)
-        recv = send if self.recv is self.send and self.send is not None else mem(self.recv)
-        code = _DTYPES[self.dtype][0]
-        return (self.name, send, recv, self.count, code, self.red, self.factor, self.peer)
+    def call(self, comm: object) -> object:
+        """Submits this step through ``chorus.Comm``'s public collectives (asynchronously,
+        or into the group being built)."""
+        s, r, a = self.send, self.recv, {"async_op": True}
+        in_place = s is r
+        if self.name == "all_reduce":
+            return comm.all_reduce(s, op=self.op(), **a)
+        if self.name == "reduce":
+            return comm.reduce(s, op=self.op(), root=self.peer, **a)
+        if self.name == "broadcast":
+            return comm.broadcast(s, root=self.peer, **a)
+        if self.name == "all_gather":
+            return comm.all_gather(r, **a) if in_place else comm.all_gather(s, out=r, **a)
+        if self.name == "reduce_scatter":
+            return comm.reduce_scatter(s, out=r, op=self.op(), **a)
+        if self.name == "all_to_all":
+            return comm.all_to_all(s, r, **a)
+        if self.name == "gather":
+            return comm.gather(s, out=r, root=self.peer, **a)
+        if self.name == "scatter":
+            return comm.scatter(s, r, root=self.peer, **a)
+        if self.name == "send":
+            return comm.send(s, self.peer, **a)
+        if self.name == "recv":
+            return comm.recv(r, self.peer, **a)
+        if self.name == "barrier":
+            return comm.barrier(**a)
+        raise ValueError(f"unknown collective {self.name!r}")
 
 
-def raw(comm: object) -> object:
-    """The extension's communicator behind a ``chorus.Comm``."""
-    for attr in ("_c", "_raw", "_comm"):
-        inner = getattr(comm, attr, None)
-        if inner is not None and hasattr(inner, "submit"):
-            return inner
-    if hasattr(comm, "submit"):
-        return comm
-    raise TypeError(f"not a chorus communicator: {type(comm).__name__}")
-
-
-def submit(comm: object, steps: List[Step], group: bool, keep: object) -> object:
-    """Queues ``steps`` on ``comm``; returns the chorus ``Work``. ``keep`` must own every
-    tensor the steps name (views keep their base alive)."""
-    return raw(comm).submit([s.tuple() for s in steps], group, keep)
+def submit(comm: object, steps: List[Step], group: bool) -> object:
+    """Queues ``steps`` on ``comm`` behind everything submitted before; returns the chorus
+    ``Work``. The communicator holds the tensors the steps name until they finish."""
+    if len(steps) == 1 and not group:
+        return steps[0].call(comm)
+    with comm.group(async_op=True) as work:
+        for s in steps:
+            s.call(comm)
+    return work
 
 
 def byte_view(t: torch.Tensor) -> torch.Tensor:
