@@ -30,7 +30,7 @@ def seen(out, ranks):
 @pytest.mark.timeout(400)
 def test_sigkill_names_the_rank_and_shrink_finishes_the_run(tmp_path):
     nodes = Nodes("train.py", 4, tmp_path, ["fault", "kill", "3", str(AT), str(STEPS)])
-    watch = ExitWatch(tmp_path / "victim-pid.json", timeout=120)
+    watch = ExitWatch(tmp_path / "victim-pid.json", timeout=150)
     try:
         nodes.wait_files([tmp_path / "shrunk.pt"], timeout=150)
     finally:

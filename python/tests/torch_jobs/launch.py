@@ -114,12 +114,13 @@ class ExitWatch:
 
         def watch() -> None:
             deadline = time.monotonic() + timeout
-            while not pid_file.exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            try:
-                pid = json.loads(pid_file.read_text())["pid"]
-                fd = os.pidfd_open(pid)
-            except (OSError, ValueError, KeyError):
+            fd = None
+            while fd is None and time.monotonic() < deadline:
+                try:
+                    fd = os.pidfd_open(json.loads(pid_file.read_text())["pid"])
+                except (OSError, ValueError, KeyError):  # not written yet
+                    time.sleep(0.01)
+            if fd is None:
                 return
             try:
                 ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))

@@ -120,8 +120,9 @@ def train_steps(net: nn.Module, group, start: int, steps: int, victim=None, how=
         nn.functional.mse_loss(net(x), y).backward()
         works = [dist.all_reduce(p.grad, group=group, async_op=True) for p in net.parameters()]
         if victim is not None and step == at and rank == victim:
-            with open(os.path.join(OUT, "victim-pid.json"), "w") as f:
+            with open(os.path.join(OUT, "victim-pid.json.tmp"), "w") as f:
                 json.dump({"pid": os.getpid()}, f)  # the test watches this process's end
+            os.rename(os.path.join(OUT, "victim-pid.json.tmp"), os.path.join(OUT, "victim-pid.json"))
             time.sleep(0.5)  # the others are in wait() by now
             with open(os.path.join(OUT, "victim.json"), "w") as f:
                 json.dump({"t": time.time(), "how": how}, f)
