@@ -4,8 +4,8 @@
 #   benches/peer/run.sh [--quick] [peer-run options…]      (peer-run --help lists them)
 #
 # 1. installs what is missing: Open MPI from Debian's packages (openmpi-bin libopenmpi-dev),
-#    torch for Gloo from PyPI into a cached venv (see requirements-gloo.txt), a font for the
-#    plot;
+#    torch for Gloo from PyPI into a cached venv (see requirements-gloo.txt), the chorus
+#    Python package (pip install ./python) into the same venv, a font for the plot;
 # 2. builds peer-run, the limit programs and target/release/chorus, and compiles
 #    mpi_allreduce.c with mpicc;
 # 3. runs peer-run: the machine's limits and every system's sweep at 2 and 4 ranks, in
@@ -82,6 +82,16 @@ if [[ ! -f $VENV/.complete ]]; then
     fi
   fi
   [[ -n $python_missing ]] && say "$python_missing"
+fi
+# --- 2b. the chorus package into the same venv, for the chorus (python) column -----------
+# Built from this checkout with maturin (pip install ./python); numpy for its arrays.
+if [[ -z $python_missing && ${CHORUS_BENCH_NO_INSTALL:-0} != 1 ]]; then
+  say "installing the chorus package into $VENV (pip install ./python, numpy)…"
+  if ! { timeout 600 "$VENV/bin/pip" install -q numpy==2.4.6 >>"$LOG" 2>&1 &&
+    CARGO_TARGET_DIR="$ROOT/target" timeout 1800 \
+      "$VENV/bin/pip" install -q --force-reinstall --no-deps ./python >>"$LOG" 2>&1; }; then
+    say "the chorus package could not be installed: chorus (python) will not be measured (see $LOG)"
+  fi
 fi
 installed=$(date +%s)
 

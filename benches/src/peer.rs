@@ -16,6 +16,7 @@ pub mod loopback;
 pub mod markdown;
 pub mod memcpy;
 pub mod plot;
+pub mod py_targets;
 pub mod record;
 pub mod report;
 pub mod runner;

@@ -528,6 +528,8 @@ fn mpi_tools(a: &RunArgs, manifest: &Path, out: &Path) -> Tools {
         chorus: PathBuf::new(),
         python: Err("not measured here".into()),
         gloo_script: PathBuf::new(),
+        chorus_python: Err("not measured here".into()),
+        chorus_py_script: PathBuf::new(),
         open_mpi,
         mpi_program,
         as_root: rustix::process::geteuid().is_root(),

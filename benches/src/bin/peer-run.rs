@@ -38,7 +38,7 @@ struct Args {
     /// Rank counts.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     ranks: Vec<u32>,
-    /// Systems to run (chorus-tcp, gloo-tcp, openmpi-tcp, openmpi-shm).
+    /// Systems to run (chorus-tcp, chorus-py, gloo-tcp, openmpi-tcp, openmpi-shm).
     #[arg(long, value_delimiter = ',', value_parser = parse_system)]
     systems: Option<Vec<System>>,
     /// Override the sweep's smallest size (e.g. 8).
@@ -68,6 +68,10 @@ struct Args {
     /// The Gloo benchmark script.
     #[arg(long, default_value = "benches/peer/gloo_allreduce.py")]
     gloo_script: PathBuf,
+    /// The chorus (python) benchmark script, run by `--python` (which needs the chorus
+    /// package installed: `pip install ./python`).
+    #[arg(long, default_value = "benches/peer/chorus_py_allreduce.py")]
+    chorus_py_script: PathBuf,
     /// Open MPI's launcher.
     #[arg(long, default_value = "mpirun")]
     mpirun: PathBuf,
@@ -93,7 +97,9 @@ fn parse_system(text: &str) -> Result<System, String> {
         .into_iter()
         .find(|s| s.key() == text)
         .ok_or_else(|| {
-            format!("unknown system {text:?} (chorus-tcp, gloo-tcp, openmpi-tcp, openmpi-shm)")
+            format!(
+                "unknown system {text:?} (chorus-tcp, chorus-py, gloo-tcp, openmpi-tcp, openmpi-shm)"
+            )
         })
 }
 
@@ -151,6 +157,7 @@ fn run(args: Args) -> Result<ExitCode, PeerError> {
     }
     for (system, why) in [
         (System::GlooTcp, tools.python.as_ref().err()),
+        (System::ChorusPy, tools.chorus_python.as_ref().err()),
         (
             System::OpenMpiTcp,
             tools
@@ -240,6 +247,14 @@ fn find_tools(args: &Args, versions: &mut Vec<(String, String)>) -> Tools {
             python.clone()
         }),
     };
+    let chorus_python = match (&args.python, &args.python_missing) {
+        (_, Some(why)) => Err(why.clone()),
+        (None, None) => Err("no --python given".to_owned()),
+        (Some(python), None) => check_chorus(python).map(|version| {
+            versions.push(("chorus (python)".to_owned(), version));
+            python.clone()
+        }),
+    };
     let open_mpi = probe(&args.mpirun, &["--version"], Duration::from_secs(20))
         .and_then(|text| {
             OpenMpi::from_version_output(args.mpirun.clone(), &text).ok_or_else(|| {
@@ -266,6 +281,8 @@ fn find_tools(args: &Args, versions: &mut Vec<(String, String)>) -> Tools {
         chorus: args.chorus.clone(),
         python,
         gloo_script: args.gloo_script.clone(),
+        chorus_python,
+        chorus_py_script: args.chorus_py_script.clone(),
         open_mpi,
         mpi_program,
         as_root: rustix::process::geteuid().is_root(),
@@ -280,6 +297,14 @@ fn check_torch(python: &Path) -> Result<String, String> {
                   print(torch.__version__)";
     // A first import after installing compiles bytecode for thousands of files: be patient.
     probe(python, &["-c", script], Duration::from_secs(180)).map(|out| out.trim().to_owned())
+}
+
+/// Checks that `python` imports the chorus package and numpy; returns chorus's version.
+fn check_chorus(python: &Path) -> Result<String, String> {
+    let script = "import numpy, chorus; print(chorus.__version__)";
+    probe(python, &["-c", script], Duration::from_secs(60))
+        .map(|out| out.trim().to_owned())
+        .map_err(|e| format!("the chorus package is not usable there (pip install ./python): {e}"))
 }
 
 /// Runs a short probe under a deadline and returns its stdout, or why it failed.

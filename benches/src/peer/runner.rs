@@ -316,13 +316,14 @@ mod tests {
     fn rounds_rotate_systems_and_alternate_rank_counts() {
         let p = plan(System::ALL.to_vec());
         let one = p.order(1);
-        assert_eq!(one.len(), 8);
+        assert_eq!(one.len(), 10);
         assert_eq!(one[0], (2, System::ChorusTcp));
-        assert_eq!(one[4], (4, System::ChorusTcp));
+        assert_eq!(one[5], (4, System::ChorusTcp));
         let two = p.order(2);
         assert_eq!(two[0], (4, System::GlooTcp));
-        assert_eq!(two[3], (4, System::ChorusTcp));
-        assert_eq!(p.order(5), p.order(1));
+        assert_eq!(two[4], (4, System::ChorusTcp));
+        // five systems rotating and two directions alternating: the order repeats every 10
+        assert_eq!(p.order(11), p.order(1));
     }
 
     /// A fake "system": a shell script standing in for mpirun, so the runner's handling of
@@ -337,6 +338,8 @@ mod tests {
             chorus: dir.join("no-chorus-here"),
             python: Err("torch is not installed".to_owned()),
             gloo_script: PathBuf::from("gloo_allreduce.py"),
+            chorus_python: Err("the chorus package is not installed".to_owned()),
+            chorus_py_script: PathBuf::from("chorus_py_allreduce.py"),
             open_mpi: Ok(OpenMpi {
                 mpirun: fake,
                 major: 4,

@@ -326,7 +326,7 @@ fn stat(size: Bytes, factor: f64, measures: &[Measure]) -> Option<Stat> {
 }
 
 /// A system's in-place figures at one size, if it has some and they were right.
-fn in_place(cells: &[Option<Cell>], system: System) -> Option<&Stat> {
+pub(crate) fn in_place(cells: &[Option<Cell>], system: System) -> Option<&Stat> {
     cells
         .iter()
         .flatten()
@@ -397,6 +397,7 @@ fn targets(rows: &[SizeRow], latency: &[Latency]) -> Vec<Target> {
             detail: format!("{:.1} µs vs {:.1} µs", chorus.time_us, mpi.time_us),
         });
     }
+    targets.extend(crate::peer::py_targets::targets(rows, latency));
     targets
 }
 

@@ -13,6 +13,10 @@ pub enum System {
     /// `chorus bench all-reduce --transport tcp --json`.
     #[serde(rename = "chorus-tcp")]
     ChorusTcp,
+    /// The same sweep through chorus's Python package on numpy arrays
+    /// (`benches/peer/chorus_py_allreduce.py`): chorus bench plus the Python call.
+    #[serde(rename = "chorus-py")]
+    ChorusPy,
     /// torch.distributed's gloo backend on 127.0.0.1.
     #[serde(rename = "gloo-tcp")]
     GlooTcp,
@@ -25,12 +29,14 @@ pub enum System {
 }
 
 impl System {
-    /// Every system, in the order the tables show them.
-    pub const ALL: [Self; 4] = [
+    /// Every system, in the order the tables show them (chorus (python) last: it is chorus
+    /// again, plus the Python call).
+    pub const ALL: [Self; 5] = [
         Self::ChorusTcp,
         Self::GlooTcp,
         Self::OpenMpiTcp,
         Self::OpenMpiShm,
+        Self::ChorusPy,
     ];
 
     /// The peers chorus is compared against.
@@ -40,6 +46,7 @@ impl System {
     pub fn key(self) -> &'static str {
         match self {
             Self::ChorusTcp => "chorus-tcp",
+            Self::ChorusPy => "chorus-py",
             Self::GlooTcp => "gloo-tcp",
             Self::OpenMpiTcp => "openmpi-tcp",
             Self::OpenMpiShm => "openmpi-shm",
@@ -50,6 +57,7 @@ impl System {
     pub fn label(self) -> &'static str {
         match self {
             Self::ChorusTcp => "chorus (tcp)",
+            Self::ChorusPy => "chorus (python)",
             Self::GlooTcp => "Gloo (tcp)",
             Self::OpenMpiTcp => "Open MPI (tcp)",
             Self::OpenMpiShm => "Open MPI (shm)",
@@ -75,6 +83,11 @@ pub struct Tools {
     pub python: Result<PathBuf, String>,
     /// `benches/peer/gloo_allreduce.py`.
     pub gloo_script: PathBuf,
+    /// The virtual environment's python with the chorus package installed, or why there is
+    /// none.
+    pub chorus_python: Result<PathBuf, String>,
+    /// `benches/peer/chorus_py_allreduce.py`.
+    pub chorus_py_script: PathBuf,
     /// `mpirun` and what `mpirun --version` said, or why Open MPI cannot be used.
     pub open_mpi: Result<OpenMpi, String>,
     /// The compiled `benches/peer/mpi_allreduce.c`, or why there is none.
@@ -147,10 +160,15 @@ impl Tools {
                     .args(["--transport", "tcp", "--json"]);
                 Ok(cmd)
             }
-            System::GlooTcp => {
-                let python = self.python.as_ref().map_err(Clone::clone)?;
+            System::GlooTcp | System::ChorusPy => {
+                let (python, script) = if system == System::GlooTcp {
+                    (&self.python, &self.gloo_script)
+                } else {
+                    (&self.chorus_python, &self.chorus_py_script)
+                };
+                let python = python.as_ref().map_err(Clone::clone)?;
                 let mut cmd = Command::new(python);
-                cmd.arg(&self.gloo_script)
+                cmd.arg(script)
                     .args(["-n", &ranks.to_string()])
                     .args(&sizes)
                     .args(["--timeout", &limit_s.saturating_sub(10).max(10).to_string()]);
@@ -203,6 +221,8 @@ mod tests {
             chorus: PathBuf::from("/nonexistent/chorus"),
             python: Ok(PathBuf::from("/venv/bin/python")),
             gloo_script: PathBuf::from("benches/peer/gloo_allreduce.py"),
+            chorus_python: Ok(PathBuf::from("/venv/bin/python")),
+            chorus_py_script: PathBuf::from("benches/peer/chorus_py_allreduce.py"),
             open_mpi: OpenMpi::from_version_output(
                 PathBuf::from("/usr/bin/mpirun"),
                 "mpirun (Open MPI) 4.1.4\n\nReport bugs",
@@ -257,6 +277,26 @@ mod tests {
         assert_eq!(
             line,
             "/venv/bin/python benches/peer/gloo_allreduce.py -n 2 -b 8 -e 128M -f 4 -w 5 -i 20 --timeout 290"
+        );
+    }
+
+    #[test]
+    fn chorus_python_runs_the_same_sweep_from_its_script() {
+        let line = argv(
+            &tools()
+                .command(System::ChorusPy, 4, &Sweep::QUICK, 120)
+                .unwrap(),
+        );
+        assert_eq!(
+            line,
+            "/venv/bin/python benches/peer/chorus_py_allreduce.py -n 4 -b 8 -e 16M -f 8 -w 2 -i 5 --timeout 110"
+        );
+        let mut t = tools();
+        t.chorus_python = Err("the chorus package is not installed".to_owned());
+        assert_eq!(
+            t.command(System::ChorusPy, 2, &Sweep::QUICK, 60)
+                .unwrap_err(),
+            "the chorus package is not installed"
         );
     }
 

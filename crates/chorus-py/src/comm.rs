@@ -50,7 +50,7 @@ impl PyComm {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or_else(|| destroyed())
+            .ok_or_else(destroyed)
     }
 
     /// Runs a bounded membership call on its own thread; Ctrl-C aborts the communicator.
