@@ -10,8 +10,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import chorus
 
@@ -41,41 +42,47 @@ CONFIG = {"init_timeout": "30s", "teardown_budget": "2s"}
 
 
 class Ranks:
-    """The processes of one run."""
+    """The processes of one run. A thread per stream collects each rank's output as it
+    comes, so a MARK can be awaited and nothing a rank prints is lost."""
 
     def __init__(self, procs: List[subprocess.Popen], deadline: float) -> None:
         self.procs = procs
         self.deadline = deadline
         self.out: List[List[str]] = [[] for _ in procs]
-        self.err: List[str] = ["" for _ in procs]
+        self.err: List[List[str]] = [[] for _ in procs]
         self.uid: Any = None
+        self.readers = []
+        for rank, p in enumerate(procs):
+            for stream, sink in ((p.stdout, self.out[rank]), (p.stderr, self.err[rank])):
+                t = threading.Thread(target=_collect, args=(stream, sink), daemon=True)
+                t.start()
+                self.readers.append(t)
 
     def wait_mark(self, rank: int, what: str) -> float:
-        """Reads rank's stdout until ``MARK what``; returns its time."""
-        p = self.procs[rank]
-        assert p.stdout is not None
+        """Waits until rank prints ``MARK what``; returns its time."""
+        prefix = f"MARK {what} "
         while time.time() < self.deadline:
-            line = p.stdout.readline()
-            if not line:
+            for line in list(self.out[rank]):
+                if line.startswith(prefix):
+                    return float(line.split()[-1])
+            if self.procs[rank].poll() is not None and not any(t.is_alive() for t in self.readers):
                 break
-            self.out[rank].append(line)
-            if line.startswith(f"MARK {what} "):
-                return float(line.split()[-1])
+            time.sleep(0.002)
         self.kill()
         raise AssertionError(f"rank {rank} never reached {what!r}:\n{self.stderr()}")
 
     def finish(self, expect_rc: Optional[Dict[int, int]] = None) -> List[Optional[dict]]:
         """Waits for every rank (killing all at the deadline); the RESULT of each (None
         for a rank that printed none, e.g. one that was killed)."""
-        results: List[Optional[dict]] = []
         for rank, p in enumerate(self.procs):
             try:
-                out, err = p.communicate(timeout=max(0.1, self.deadline - time.time()))
+                p.wait(timeout=max(0.1, self.deadline - time.time()))
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise AssertionError(f"rank {rank} still running at the deadline:\n{self.stderr()}")
-            self.out[rank].extend(out.splitlines(keepends=True))
-            self.err[rank] = err or ""
+        for t in self.readers:
+            t.join(timeout=5)
+        results: List[Optional[dict]] = []
         for rank, p in enumerate(self.procs):
             want = (expect_rc or {}).get(rank, 0)
             if want is not None and p.returncode != want:
@@ -101,16 +108,17 @@ class Ranks:
                 pass
 
     def stderr(self) -> str:
-        parts = []
-        for rank, p in enumerate(self.procs):
-            err = self.err[rank]
-            if not err and p.stderr is not None and p.poll() is not None:
-                try:
-                    err = p.stderr.read() or ""
-                except ValueError:
-                    err = ""
-            parts.append(f"--- rank {rank} stdout:\n{''.join(self.out[rank])[-3000:]}\n--- stderr:\n{err[-3000:]}")
-        return "\n".join(parts)
+        return "\n".join(
+            f"--- rank {rank} stdout:\n{''.join(self.out[rank])[-3000:]}\n"
+            f"--- stderr:\n{''.join(self.err[rank])[-3000:]}"
+            for rank in range(len(self.procs))
+        )
+
+
+def _collect(stream: Any, sink: List[str]) -> None:
+    for line in iter(stream.readline, ""):
+        sink.append(line)
+    stream.close()
 
 
 def start(body: str, world: int, *, timeout: float = 60.0, args: Any = None,

@@ -18,10 +18,10 @@ a = np.array([RANK], np.int64)
 sub.all_reduce(a)
 out = comm.split(None)
 # revoke: rank 0 revokes; everyone's next collective fails with Revoked
-comm.barrier()
-if RANK == 0:
-    comm.revoke()
 try:
+    comm.barrier()      # inside: a rank still finishing it may already see the revoke
+    if RANK == 0:
+        comm.revoke()
     for _ in range(100):
         comm.all_reduce(np.zeros(4, np.float32))
         time.sleep(0.01)
