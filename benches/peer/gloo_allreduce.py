@@ -1,8 +1,9 @@
 """All-reduce (float32, sum) through torch.distributed's gloo backend on 127.0.0.1, swept over
 sizes the way nccl-tests' all_reduce_perf does, printing one chorus_bench JSON document (see
-benches/peer/README.md) on stdout.
+benches/peer/README.md) on stdout. With --backend chorus, the same sweep through chorus's
+torch.distributed backend (chorus.torch), the "chorus (torch)" column.
 
-    python gloo_allreduce.py -n 4 -b 8 -e 128M -f 2 -w 5 -i 20
+    python gloo_allreduce.py -n 4 -b 8 -e 128M -f 2 -w 5 -i 20 [--backend chorus]
 
 The launcher (this process) holds the rendezvous store on an ephemeral loopback port and
 starts N rank processes of this same file; rank 0 prints the document. A rank that fails
@@ -48,6 +49,8 @@ def options(argv):
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("-i", "--iters", type=int, default=20)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole sweep")
+    p.add_argument("--backend", choices=("gloo", "chorus"), default="gloo",
+                   help="torch.distributed backend: gloo, or chorus (import chorus.torch)")
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--store-port", type=int, help=argparse.SUPPRESS)
     o = p.parse_args(argv)
@@ -133,7 +136,9 @@ def rank_main(o):
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=o.timeout)
     store = dist.TCPStore("127.0.0.1", o.store_port, is_master=False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=o.rank, world_size=o.ranks,
+    if o.backend == "chorus":
+        import chorus.torch  # noqa: F401  (registers the backend)
+    dist.init_process_group(o.backend, store=store, rank=o.rank, world_size=o.ranks,
                             timeout=timeout)
     # Test hook: rank 0 spoils one element of every checked result, so tests can see that
     # wrong results are counted.
@@ -184,7 +189,7 @@ def rank_main(o):
         doc = {
             "chorus_bench": 1, "collective": "all-reduce", "ranks": world, "transport": "tcp",
             "dtype": "float", "op": "sum", "warmup": o.warmup, "iters": o.iters,
-            "library": f"torch {torch.__version__} gloo",
+            "library": f"torch {torch.__version__} {o.backend}",
             "rows": rows,
             "avg_busbw_gbs": sum(r["in_place"]["busbw_gbs"] for r in rows) / len(rows),
         }

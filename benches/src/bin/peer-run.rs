@@ -38,7 +38,7 @@ struct Args {
     /// Rank counts.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     ranks: Vec<u32>,
-    /// Systems to run (chorus-tcp, chorus-py, gloo-tcp, openmpi-tcp, openmpi-shm).
+    /// Systems to run (chorus-tcp, chorus-py, chorus-torch, gloo-tcp, openmpi-tcp, openmpi-shm).
     #[arg(long, value_delimiter = ',', value_parser = parse_system)]
     systems: Option<Vec<System>>,
     /// Override the sweep's smallest size (e.g. 8).
@@ -158,6 +158,7 @@ fn run(args: Args) -> Result<ExitCode, PeerError> {
     for (system, why) in [
         (System::GlooTcp, tools.python.as_ref().err()),
         (System::ChorusPy, tools.chorus_python.as_ref().err()),
+        (System::ChorusTorch, tools.chorus_python.as_ref().err()),
         (
             System::OpenMpiTcp,
             tools

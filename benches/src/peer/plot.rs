@@ -41,6 +41,7 @@ fn color(system: System) -> RGBColor {
     match system {
         System::ChorusTcp => RGBColor(214, 39, 40),
         System::ChorusPy => RGBColor(255, 127, 14),
+        System::ChorusTorch => RGBColor(148, 103, 189),
         System::GlooTcp => RGBColor(31, 119, 180),
         System::OpenMpiTcp => RGBColor(44, 160, 44),
         System::OpenMpiShm => RGBColor(148, 103, 189),

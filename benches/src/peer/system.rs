@@ -17,6 +17,10 @@ pub enum System {
     /// (`benches/peer/chorus_py_allreduce.py`): chorus bench plus the Python call.
     #[serde(rename = "chorus-py")]
     ChorusPy,
+    /// The gloo sweep through torch.distributed with the backend changed to chorus
+    /// (`benches/peer/gloo_allreduce.py --backend chorus`, `chorus.torch`).
+    #[serde(rename = "chorus-torch")]
+    ChorusTorch,
     /// torch.distributed's gloo backend on 127.0.0.1.
     #[serde(rename = "gloo-tcp")]
     GlooTcp,
@@ -31,12 +35,13 @@ pub enum System {
 impl System {
     /// Every system, in the order the tables show them (chorus (python) last: it is chorus
     /// again, plus the Python call).
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::ChorusTcp,
         Self::GlooTcp,
         Self::OpenMpiTcp,
         Self::OpenMpiShm,
         Self::ChorusPy,
+        Self::ChorusTorch,
     ];
 
     /// The peers chorus is compared against.
@@ -47,6 +52,7 @@ impl System {
         match self {
             Self::ChorusTcp => "chorus-tcp",
             Self::ChorusPy => "chorus-py",
+            Self::ChorusTorch => "chorus-torch",
             Self::GlooTcp => "gloo-tcp",
             Self::OpenMpiTcp => "openmpi-tcp",
             Self::OpenMpiShm => "openmpi-shm",
@@ -58,6 +64,7 @@ impl System {
         match self {
             Self::ChorusTcp => "chorus (tcp)",
             Self::ChorusPy => "chorus (python)",
+            Self::ChorusTorch => "chorus (torch)",
             Self::GlooTcp => "Gloo (tcp)",
             Self::OpenMpiTcp => "Open MPI (tcp)",
             Self::OpenMpiShm => "Open MPI (shm)",
@@ -160,15 +167,20 @@ impl Tools {
                     .args(["--transport", "tcp", "--json"]);
                 Ok(cmd)
             }
-            System::GlooTcp | System::ChorusPy => {
-                let (python, script) = if system == System::GlooTcp {
-                    (&self.python, &self.gloo_script)
-                } else {
-                    (&self.chorus_python, &self.chorus_py_script)
+            System::GlooTcp | System::ChorusPy | System::ChorusTorch => {
+                let (python, script) = match system {
+                    System::GlooTcp => (&self.python, &self.gloo_script),
+                    System::ChorusPy => (&self.chorus_python, &self.chorus_py_script),
+                    // torch and the chorus package, in the venv that has both.
+                    _ => (&self.chorus_python, &self.gloo_script),
                 };
                 let python = python.as_ref().map_err(Clone::clone)?;
                 let mut cmd = Command::new(python);
-                cmd.arg(script)
+                cmd.arg(script);
+                if system == System::ChorusTorch {
+                    cmd.args(["--backend", "chorus"]);
+                }
+                cmd
                     .args(["-n", &ranks.to_string()])
                     .args(&sizes)
                     .args(["--timeout", &limit_s.saturating_sub(10).max(10).to_string()]);

@@ -1,0 +1,613 @@
+"""``ProcessGroupChorus``: a torch ``ProcessGroup`` whose collectives run on a chorus
+communicator.
+
+It is a Python subclass of ``torch.distributed.ProcessGroup`` (the shape torch's own
+``test_c10d_pypg`` and torchft's process groups have): ``torch.distributed``'s functions
+call its methods directly, and torch's C++ (DDP's reducer) reaches them through the
+pybind trampoline. Every method checks its arguments in the caller's thread, turns the
+call into chorus operations over the tensors' own memory (staging only where torch's
+layout and chorus's differ: lists of tensors, uneven all-to-all) and returns a ``Work``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+import chorus
+
+from . import _link, _ops
+from ._link import Step, byte_view
+from ._ops import check_list, check_tensor, nbytes, one, same_layout
+from ._work import Completer, Work, _Call, _error
+
+_UID_KEY = "chorus/unique_id"
+
+# Slack on the Python-side deadline, so that with the timeout torch gave at creation the
+# communicator's own op timeout (a Timeout naming the step and the peer) fires first.
+_DEADLINE_SLACK = 1.0
+
+
+def _seconds(timeout: object, default: float) -> float:
+    if timeout is None:
+        return default
+    s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return default if s <= 0 else s
+
+
+def _millis(seconds: float) -> str:
+    return f"{max(int(seconds * 1000), 1)}ms"
+
+
+def config_from_env(timeout: float) -> dict:
+    """The communicator's keywords: every ``CHORUS_*`` setting of the environment (so a
+    job tunes heartbeats the usual way), with torch's timeout as the op timeout and, unless
+    ``CHORUS_INIT_TIMEOUT`` says otherwise, as the init timeout."""
+    cfg = {}
+    for key in chorus.CONFIG_KEYS:
+        value = os.environ.get(f"CHORUS_{key.upper()}")
+        if value is not None and value != "":
+            cfg[key] = value
+    cfg["op_timeout"] = _millis(timeout)
+    cfg.setdefault("init_timeout", _millis(timeout))
+    return cfg
+
+
+def rendezvous(store: dist.Store, rank: int, size: int, timeout: float, config: dict) -> object:
+    """A chorus communicator for ``size`` ranks, found through torch's ``store``: rank 0
+    makes a fresh ``UniqueId`` (a new random job secret, its bootstrap root in this
+    process) and publishes its token; the others read it, waiting at most ``timeout``."""
+    if rank == 0:
+        host = os.environ.get("CHORUS_BIND", "127.0.0.1")
+        bind = f"[{host}]:0" if ":" in host else f"{host}:0"
+        uid = chorus.UniqueId.new(size, bind=bind, **config)
+        store.set(_UID_KEY, str(uid))
+    else:
+        try:
+            store.wait([_UID_KEY], timedelta(seconds=timeout))
+        except Exception as e:
+            raise _error(
+                getattr(chorus, "Bootstrap", chorus.Error),
+                f"[chorus:bootstrap] rank {rank}: rank 0 published no chorus id in the store "
+                f"within {timeout:g} s ({e})",
+            ) from e
+        uid = chorus.UniqueId(store.get(_UID_KEY).decode())
+    return chorus.Comm(uid, rank, size, **config)
+
+
+class ProcessGroupChorus(dist.ProcessGroup):
+    """A process group over one chorus communicator (CPU tensors)."""
+
+    def __init__(self, comm: object, timeout: float) -> None:
+        super().__init__(int(comm.rank), int(comm.size))
+        self._comm = comm
+        self._timeout = float(timeout)
+        self._comm_timeout = float(timeout)  # the communicator's own op timeout
+        self._lock = threading.Lock()
+        self._error: Optional[BaseException] = None
+        self._aborted = False
+        self._closed = False
+        self._batch: Optional[List[tuple]] = None  # between start and end of coalescing
+        self._batch_call: Optional[_Call] = None
+        self._completer_thread: Optional[Completer] = None
+
+    # --- identity -------------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return "chorus"
+
+    def name(self) -> str:
+        return "chorus"
+
+    @property
+    def comm(self) -> object:
+        """The chorus communicator (for ``health()``, ``members()`` and the like)."""
+        return self._comm
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupChorus(rank={self.rank()}, size={self.size()})"
+
+    # torch keeps a group's name in its C++ backends, and this group has none: it keeps
+    # its own (DeviceMesh, functional collectives and the group registry read it).
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    setGroupName = _set_group_name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def getGroupName(self) -> str:
+        return self.group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    setGroupDesc = _set_group_desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_desc", "undefined")
+
+    def getGroupDesc(self) -> str:
+        return self.group_desc
+
+    # torch asks the group for its "backend" in a few places (batch_isend_irecv to learn
+    # that it coalesces, FSDP2 whether it allocates tensors): the group is its own.
+    def _get_backend(self, device: object = None) -> "ProcessGroupChorus":
+        return self
+
+    supports_coalescing = True
+    supports_splitting = False
+
+    def supports_tensor_alloc(self, device: object) -> bool:
+        return False
+
+    # --- health, abort, teardown (torchft's contract) -------------------------------
+
+    def errored(self) -> Optional[BaseException]:
+        """The first failure of this group (an operation's, or one the communicator saw
+        without an operation running, such as a peer's death), or None."""
+        with self._lock:
+            if self._error is not None:
+                return self._error
+        try:
+            e = self._comm.async_error()
+        except Exception as e2:  # destroyed
+            e = e2 if not self._closed else None
+        if e is not None:
+            self._fail(e)
+            return e
+        if self._aborted:
+            return _error(getattr(chorus, "Aborted", chorus.Error), "[chorus:aborted] abort() was called")
+        return None
+
+    def abort(self) -> None:
+        """Ends every operation pending or running on this group with ``Aborted``, now,
+        from any thread, without waiting on a peer. The group is unusable afterwards
+        (``shrink`` it, or shut it down)."""
+        self._aborted = True
+        self._abort_comm("abort() on the torch process group")
+        with self._lock:
+            batch_call = self._batch_call
+        if batch_call is not None and batch_call.work is None:
+            batch_call._end(_error(getattr(chorus, "Aborted", chorus.Error), "[chorus:aborted] abort() during coalescing"))
+
+    def _abort_comm(self, reason: str) -> None:
+        try:
+            self._comm.abort(reason)
+        except TypeError:
+            self._comm.abort()
+
+    def shutdown(self) -> None:
+        """Leaves the communicator (bounded by its teardown budget); idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            completer = self._completer_thread
+        try:
+            self._comm.destroy()
+        finally:
+            if completer is not None:
+                completer.stop(5.0)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """The deadline of operations submitted from now on. Past it, an operation fails
+        with ``chorus.Timeout`` and the communicator is aborted (as NCCL's watchdog does).
+        The communicator's own op timeout, set at creation, still bounds every operation."""
+        self._timeout = _seconds(timeout, self._timeout)
+
+    def _set_default_timeout(self, timeout: timedelta) -> None:
+        self.set_timeout(timeout)
+
+    def _deadline(self) -> float:
+        slack = _DEADLINE_SLACK if self._timeout >= self._comm_timeout else 0.0
+        return time.monotonic() + self._timeout + slack
+
+    def timeout_seconds(self) -> float:
+        return self._timeout
+
+    def _fail(self, e: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = e
+
+    def _completer(self) -> Completer:
+        with self._lock:
+            if self._completer_thread is None:
+                self._completer_thread = Completer(f"chorus-torch-r{self.rank()}")
+            return self._completer_thread
+
+    # --- submission -------------------------------------------------------------------
+
+    def _submit(
+        self,
+        name: str,
+        steps: List[Step],
+        outputs: List[torch.Tensor],
+        keep: tuple,
+        post: Optional[Callable[[], None]] = None,
+        group: bool = False,
+    ) -> Work:
+        if self._batch is not None:
+            self._batch.append((name, steps, outputs, keep, post))
+            return Work([self._batch_call], outputs)
+        deadline = self._deadline()
+        work = _link.submit(self._comm, steps, group) if steps else None
+        call = _Call(self, name, work, outputs, post, deadline)
+        if work is None:
+            call._end(None)
+        return Work([call])
+
+    def _start_coalescing(self, device: object = None) -> None:
+        with self._lock:
+            if self._batch is not None:
+                raise RuntimeError("chorus: coalescing already started on this process group")
+            self._batch = []
+            self._batch_call = _Call(self, "coalesced", None, [])
+
+    start_coalescing = _start_coalescing
+
+    def _end_coalescing(self, device: object = None) -> Work:
+        with self._lock:
+            batch, call = self._batch, self._batch_call
+            self._batch, self._batch_call = None, None
+        if batch is None or call is None:
+            raise RuntimeError("chorus: end_coalescing without start_coalescing")
+        steps = [s for b in batch for s in b[1]]
+        outputs = [t for b in batch for t in b[2]]
+        posts = [b[4] for b in batch if b[4] is not None]
+        call.name = "coalesced(" + ",".join(b[0] for b in batch) + ")"
+        call.outputs[:] = outputs
+        call.post = (lambda: [p() for p in posts]) if posts else None
+        call.deadline = self._deadline()
+        if call.done.is_set():  # aborted during the block
+            return Work([call])
+        if steps:
+            call.work = _link.submit(self._comm, steps, True)
+        else:
+            call._end(None)
+        return Work([call])
+
+    end_coalescing = _end_coalescing
+
+    # --- collectives --------------------------------------------------------------------
+
+    def _reduce_steps(self, kind: str, t: torch.Tensor, red: _ops.Reduction, what: str, root: int = 0) -> Step:
+        r = _ops.reducible(t, red, what)
+        return Step(kind, r.tensor, r.tensor, r.red.name, r.red.factor, root)
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
+        ts = check_list(tensors, "tensors")
+        red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
+        steps = [self._reduce_steps("all_reduce", t, red, f"tensors[{i}]") for i, t in enumerate(ts)]
+        return self._submit("all_reduce", steps, ts, tuple(s.send for s in steps), group=len(steps) > 1)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
+        ts = check_list(tensors, "tensors")
+        red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
+        steps = [self._reduce_steps("all_reduce", t, red, f"tensors[{i}]") for i, t in enumerate(ts)]
+        return self._submit("all_reduce_coalesced", steps, ts, tuple(s.send for s in steps), group=True)
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
+        ts = check_list(tensors, "tensors")
+        root = self._root(opts, "rootRank")
+        steps = []
+        for t in ts:
+            b = byte_view(t)
+            steps.append(Step("broadcast", b, b, peer=root))
+        return self._submit("broadcast", steps, ts, tuple(s.send for s in steps), group=len(steps) > 1)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
+        t = one(tensors, "tensors")
+        red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
+        root = self._root(opts, "rootRank")
+        step = self._reduce_steps("reduce", t, red, "tensors[0]", root)
+        return self._submit("reduce", [step], [t], (step.send,))
+
+    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: object = None) -> Work:
+        inp = one(input_tensors, "input_tensors")
+        if not isinstance(output_tensors, (list, tuple)) or len(output_tensors) != 1:
+            raise ValueError("output_tensors: expected one list of tensors (one CPU device)")
+        outs = self._per_rank(output_tensors[0], inp, "output_tensors[0]", "the input")
+        return self._gather_list("all_gather", inp, outs)
+
+    def _gather_list(self, name: str, inp: torch.Tensor, outs: List[torch.Tensor]) -> Work:
+        n = self.size()
+        block = nbytes(inp)
+        flat = torch.empty(n * block, dtype=torch.uint8)
+        step = Step("all_gather", byte_view(inp), flat)
+
+        def post() -> None:
+            for i, o in enumerate(outs):
+                byte_view(o).copy_(flat[i * block : (i + 1) * block])
+
+        return self._submit(name, [step], outs, (inp, flat, outs), post)
+
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: object = None) -> Work:
+        ins = check_list(input_tensors, "input_tensors")
+        if not isinstance(output_lists, (list, tuple)) or len(output_lists) != len(ins):
+            raise ValueError("output_lists: expected one list of tensors per input tensor")
+        n = self.size()
+        steps, keep, posts, outputs = [], [], [], []
+        for k, inp in enumerate(ins):
+            outs = self._per_rank(output_lists[k], inp, f"output_lists[{k}]", f"input_tensors[{k}]")
+            block = nbytes(inp)
+            flat = torch.empty(n * block, dtype=torch.uint8)
+            steps.append(Step("all_gather", byte_view(inp), flat))
+            keep += [inp, flat, outs]
+            outputs += outs
+            posts.append((flat, outs, block))
+
+        def post() -> None:
+            for flat, outs, block in posts:
+                for i, o in enumerate(outs):
+                    byte_view(o).copy_(flat[i * block : (i + 1) * block])
+
+        return self._submit("all_gather_coalesced", steps, outputs, tuple(keep), post, group=True)
+
+    def _gather_into(self, name: str, output: torch.Tensor, inp: torch.Tensor, what: str) -> Step:
+        n = self.size()
+        output = check_tensor(output, f"{what}output")
+        inp = check_tensor(inp, f"{what}input")
+        if output.dtype != inp.dtype:
+            raise TypeError(f"{what}output: expected dtype {inp.dtype} (as the input), got {output.dtype}")
+        if output.numel() != n * inp.numel():
+            raise ValueError(
+                f"{what}output: expected {n} x {inp.numel()} = {n * inp.numel()} elements "
+                f"(world size x input), got {output.numel()}"
+            )
+        block = nbytes(inp)
+        out = byte_view(output)
+        if block and inp.data_ptr() == output.data_ptr() + self.rank() * block:
+            return Step("all_gather", out, out)  # in place: the input is this rank's block
+        if block and _overlaps(inp, output):
+            inp = inp.clone()
+        return Step("all_gather", byte_view(inp), out)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> Work:
+        step = self._gather_into("all_gather_into_tensor", output, input, "")
+        return self._submit("all_gather_into_tensor", [step], [output], (output, input, step.send))
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: object = None) -> Work:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"outputs: expected {len(inputs)} tensors (one per input), got {len(outputs)}")
+        steps = [self._gather_into("", o, i, f"[{k}] ") for k, (o, i) in enumerate(zip(outputs, inputs))]
+        keep = tuple(outputs) + tuple(inputs) + tuple(s.send for s in steps)
+        return self._submit("all_gather_into_tensor_coalesced", steps, list(outputs), keep, group=True)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: object = None) -> Work:
+        out = one(output_tensors, "output_tensors")
+        if not isinstance(input_lists, (list, tuple)) or len(input_lists) != 1:
+            raise ValueError("input_tensors: expected one list of tensors (one CPU device)")
+        ins = self._per_rank(input_lists[0], out, "input_tensors[0]", "the output")
+        red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
+        flat = torch.cat([t.reshape(-1) for t in ins]) if ins else torch.empty(0, dtype=out.dtype)
+        r_in = _ops.reducible(flat, red, "input_tensors[0]")
+        r_out = _ops.reducible(out, red, "output_tensors[0]")
+        step = Step("reduce_scatter", r_in.tensor, r_out.tensor, r_in.red.name, r_in.red.factor)
+        return self._submit("reduce_scatter", [step], [out], (flat, out, r_in.tensor, r_out.tensor))
+
+    def _scatter_from(self, output: torch.Tensor, inp: torch.Tensor, red: _ops.Reduction, what: str) -> tuple:
+        n = self.size()
+        output = check_tensor(output, f"{what}output")
+        inp = check_tensor(inp, f"{what}input")
+        if output.dtype != inp.dtype:
+            raise TypeError(f"{what}output: expected dtype {inp.dtype} (as the input), got {output.dtype}")
+        if inp.numel() != n * output.numel():
+            raise ValueError(
+                f"{what}input: expected {n} x {output.numel()} = {n * output.numel()} elements "
+                f"(world size x output), got {inp.numel()}"
+            )
+        block = nbytes(output)
+        if block and _overlaps(inp, output):
+            inp = inp.clone()
+        r_in = _ops.reducible(inp, red, f"{what}input")
+        r_out = _ops.reducible(output, red, f"{what}output")
+        step = Step("reduce_scatter", r_in.tensor, r_out.tensor, r_in.red.name, r_in.red.factor)
+        return step, (inp, output, r_in.tensor, r_out.tensor)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> Work:
+        red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
+        step, keep = self._scatter_from(output, input, red, "")
+        return self._submit("reduce_scatter_tensor", [step], [output], keep)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: object = None) -> Work:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"outputs: expected {len(inputs)} tensors (one per input), got {len(outputs)}")
+        red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
+        steps, keep = [], []
+        for k, (o, i) in enumerate(zip(outputs, inputs)):
+            s, kp = self._scatter_from(o, i, red, f"[{k}] ")
+            steps.append(s)
+            keep.append(kp)
+        return self._submit("reduce_scatter_tensor_coalesced", steps, list(outputs), tuple(keep), group=True)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def gather(self, output_lists: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: object = None) -> Work:
+        inp = one(input_tensors, "input_tensors")
+        root = self._root(opts, "rootRank")
+        n, block = self.size(), nbytes(inp)
+        if self.rank() == root:
+            if not isinstance(output_lists, (list, tuple)) or len(output_lists) != 1:
+                raise ValueError("output_tensors: expected one list of tensors at the root")
+            outs = self._per_rank(output_lists[0], inp, "output_tensors[0]", "the input")
+            flat = torch.empty(n * block, dtype=torch.uint8)
+
+            def post() -> None:
+                for i, o in enumerate(outs):
+                    byte_view(o).copy_(flat[i * block : (i + 1) * block])
+
+            step = Step("gather", byte_view(inp), flat, peer=root)
+            return self._submit("gather", [step], outs, (inp, flat, outs), post)
+        if output_lists and any(len(x) for x in output_lists):
+            raise ValueError("output_tensors: expected no output tensors on a rank that is not the root")
+        step = Step("gather", byte_view(inp), None, peer=root)
+        return self._submit("gather", [step], [], (inp,))
+
+    def gather_single(self, output: Optional[torch.Tensor], input: torch.Tensor, opts: object = None) -> Work:
+        inp = check_tensor(input, "tensor")
+        root = self._root(opts, "rootRank")
+        n, block = self.size(), nbytes(inp)
+        if self.rank() == root:
+            out = check_tensor(output, "gather_tensor")
+            if out.dtype != inp.dtype or out.numel() != n * inp.numel():
+                raise ValueError(
+                    f"gather_tensor: expected {n * inp.numel()} elements of {inp.dtype}, "
+                    f"got {out.numel()} of {out.dtype}"
+                )
+            step = Step("gather", byte_view(inp), byte_view(out), peer=root)
+            return self._submit("gather", [step], [out], (inp, out))
+        step = Step("gather", byte_view(inp), None, peer=root)
+        return self._submit("gather", [step], [], (inp,))
+
+    def scatter(self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: object = None) -> Work:
+        out = one(output_tensors, "output_tensors")
+        root = self._root(opts, "rootRank")
+        n, block = self.size(), nbytes(out)
+        if self.rank() == root:
+            if not isinstance(input_lists, (list, tuple)) or len(input_lists) != 1:
+                raise ValueError("input_tensors: expected one list of tensors at the root")
+            ins = self._per_rank(input_lists[0], out, "input_tensors[0]", "the output")
+            flat = torch.cat([byte_view(t) for t in ins]) if ins else torch.empty(0, dtype=torch.uint8)
+            step = Step("scatter", flat, byte_view(out), peer=root)
+            return self._submit("scatter", [step], [out], (flat, out))
+        if input_lists and any(len(x) for x in input_lists):
+            raise ValueError("input_tensors: expected no input tensors on a rank that is not the root")
+        step = Step("scatter", None, byte_view(out), peer=root)
+        return self._submit("scatter", [step], [out], (out,))
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int], input_split_sizes: List[int], opts: object = None) -> Work:
+        n, r = self.size(), self.rank()
+        out = check_tensor(output, "output")
+        inp = check_tensor(input, "input")
+        if out.dtype != inp.dtype:
+            raise TypeError(f"output: expected dtype {inp.dtype} (as the input), got {out.dtype}")
+        if not output_split_sizes and not input_split_sizes:
+            if out.numel() != inp.numel() or inp.numel() % n:
+                raise ValueError(
+                    f"input/output: equal all_to_all needs the same number of elements, divisible "
+                    f"by the world size {n}; got {inp.numel()} and {out.numel()}"
+                )
+            if _overlaps(inp, out) and inp.data_ptr() != out.data_ptr():
+                inp = inp.clone()
+            src = byte_view(inp)
+            dst = byte_view(out)
+            step = Step("all_to_all", src, dst if inp.data_ptr() != out.data_ptr() else src)
+            return self._submit("all_to_all_single", [step], [output], (inp, out))
+        ins = _ops.split_sizes(input_split_sizes, inp, n, "input_split_sizes")
+        outs = _ops.split_sizes(output_split_sizes, out, n, "output_split_sizes")
+        if _overlaps(inp, out):
+            inp = inp.clone()
+        in_row = nbytes(inp) // max(inp.shape[0], 1) if inp.dim() else inp.element_size()
+        out_row = nbytes(out) // max(out.shape[0], 1) if out.dim() else out.element_size()
+        src, dst = byte_view(inp), byte_view(out)
+        in_off = [sum(ins[:p]) * in_row for p in range(n)]
+        out_off = [sum(outs[:p]) * out_row for p in range(n)]
+        mine = ins[r] * in_row
+        if outs[r] * out_row != mine:
+            raise ValueError(
+                f"input_split_sizes/output_split_sizes: this rank sends itself {ins[r]} rows "
+                f"but expects {outs[r]}"
+            )
+        dst[out_off[r] : out_off[r] + mine].copy_(src[in_off[r] : in_off[r] + mine])
+        return self._p2p_exchange(
+            "all_to_all_single",
+            [(p, src[in_off[p] : in_off[p] + ins[p] * in_row]) for p in range(n) if p != r],
+            [(p, dst[out_off[p] : out_off[p] + outs[p] * out_row]) for p in range(n) if p != r],
+            [output],
+            (inp, out),
+        )
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor], opts: object = None) -> Work:
+        n, r = self.size(), self.rank()
+        outs = check_list(output_tensors, "output_tensor_list")
+        ins = check_list(input_tensors, "input_tensor_list")
+        if len(outs) != n or len(ins) != n:
+            raise ValueError(f"all_to_all: expected {n} input and {n} output tensors, got {len(ins)} and {len(outs)}")
+        if nbytes(outs[r]) != nbytes(ins[r]):
+            raise ValueError(
+                f"output_tensor_list[{r}]: expected {ins[r].numel()} elements (as input_tensor_list[{r}]), "
+                f"got {outs[r].numel()}"
+            )
+        byte_view(outs[r]).copy_(byte_view(ins[r]))
+        return self._p2p_exchange(
+            "all_to_all",
+            [(p, byte_view(ins[p])) for p in range(n) if p != r],
+            [(p, byte_view(outs[p])) for p in range(n) if p != r],
+            outs,
+            (ins, outs),
+        )
+
+    def _p2p_exchange(self, name: str, sends: list, recvs: list, outputs: list, keep: tuple) -> Work:
+        steps = [Step("send", b, None, peer=p) for p, b in sends if b.numel()]
+        steps += [Step("recv", None, b, peer=p) for p, b in recvs if b.numel()]
+        return self._submit(name, steps, outputs, keep + tuple(s.send if s.send is not None else s.recv for s in steps), group=True)
+
+    def send(self, tensors: List[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
+        # Tags are not matched (as with NCCL): messages between two ranks pair in order.
+        t = one(tensors, "tensors")
+        peer = self._peer(dst_rank, "dst")
+        b = byte_view(t)
+        return self._submit("send", [Step("send", b, None, peer=peer)], [t], (t, b))
+
+    def recv(self, tensors: List[torch.Tensor], src_rank: int, tag: int = 0) -> Work:
+        t = one(tensors, "tensors")
+        peer = self._peer(src_rank, "src")
+        b = byte_view(t)
+        return self._submit("recv", [Step("recv", None, b, peer=peer)], [t], (t, b))
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Work:
+        raise ValueError("recv: the chorus backend needs the source rank (receiving from any source is not supported)")
+
+    def barrier(self, opts: object = None) -> Work:
+        return self._submit("barrier", [Step("barrier", None, None)], [], ())
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _root(self, opts: object, attr: str) -> int:
+        root = int(getattr(opts, attr, 0)) if opts is not None else 0
+        if not 0 <= root < self.size():
+            raise ValueError(f"root: expected a rank of the group (0..{self.size() - 1}), got {root}")
+        return root
+
+    def _peer(self, peer: int, what: str) -> int:
+        peer = int(peer)
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise ValueError(f"{what}: expected another rank of the group (0..{self.size() - 1}, not {self.rank()}), got {peer}")
+        return peer
+
+    def _per_rank(self, ts: object, ref: torch.Tensor, what: str, ref_what: str) -> List[torch.Tensor]:
+        ts = check_list(ts, what)
+        if len(ts) != self.size():
+            raise ValueError(f"{what}: expected {self.size()} tensors (one per rank), got {len(ts)}")
+        for i, t in enumerate(ts):
+            same_layout(t, ref, f"{what}[{i}]", ref_what)
+        return ts
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + nbytes(b) and b0 < a0 + nbytes(a)

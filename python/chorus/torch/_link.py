@@ -1,0 +1,83 @@
+"""The one place the backend talks to the chorus communicator.
+
+A torch call becomes one submission: a list of chorus operations over tensors' memory,
+run one after another or as one NCCL-style group, behind everything submitted before it
+(ranks must issue collectives in the same order). The communicator's submission thread
+holds the tensors until the operations have finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+
+import chorus
+
+
+
+@dataclass
+class Step:
+    """One chorus operation: ``send``/``recv`` are tensors (``send is recv`` for in place)
+    whose own dtypes are what chorus reduces; ``peer`` is the root or the peer."""
+
+    name: str
+    send: Optional[torch.Tensor]
+    recv: Optional[torch.Tensor]
+    red: str = "sum"
+    factor: float = 1.0
+    peer: int = 0
+
+    def op(self) -> object:
+        return chorus.PreMulSum(self.factor) if self.red == "premulsum" else self.red
+
+    def call(self, comm: object) -> object:
+        """Submits this step through ``chorus.Comm``'s public collectives (asynchronously,
+        or into the group being built)."""
+        s, r, a = self.send, self.recv, {"async_op": True}
+        in_place = s is r
+        if self.name == "all_reduce":
+            return comm.all_reduce(s, op=self.op(), **a)
+        if self.name == "reduce":
+            return comm.reduce(s, op=self.op(), root=self.peer, **a)
+        if self.name == "broadcast":
+            return comm.broadcast(s, root=self.peer, **a)
+        if self.name == "all_gather":
+            return comm.all_gather(r, **a) if in_place else comm.all_gather(s, out=r, **a)
+        if self.name == "reduce_scatter":
+            return comm.reduce_scatter(s, out=r, op=self.op(), **a)
+        if self.name == "all_to_all":
+            return comm.all_to_all(s, r, **a)
+        if self.name == "gather":
+            return comm.gather(s, out=r, root=self.peer, **a)
+        if self.name == "scatter":
+            return comm.scatter(s, r, root=self.peer, **a)
+        if self.name == "send":
+            return comm.send(s, self.peer, **a)
+        if self.name == "recv":
+            return comm.recv(r, self.peer, **a)
+        if self.name == "barrier":
+            return comm.barrier(**a)
+        raise ValueError(f"unknown collective {self.name!r}")
+
+
+def submit(comm: object, steps: List[Step], group: bool) -> object:
+    """Queues ``steps`` on ``comm`` behind everything submitted before; returns the chorus
+    ``Work``. The communicator holds the tensors the steps name until they finish."""
+    if len(steps) == 1 and not group:
+        return steps[0].call(comm)
+    with comm.group(async_op=True) as work:
+        for s in steps:
+            s.call(comm)
+    return work
+
+
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s memory as a flat uint8 tensor (for operations that only move bytes)."""
+    flat = t.reshape(-1)
+    if t.dtype == torch.uint8:
+        return flat
+    if t.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return flat.view(torch.uint8)
