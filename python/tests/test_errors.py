@@ -52,7 +52,7 @@ def test_a_real_error_from_rust_pickles():
     comm = chorus.Comm(uid, 0, 1)
     comm.abort("watchdog says so")
     # chorus refuses calls on an aborted communicator (a blocked call gets Aborted: see
-    # test_watchdog.py)
+    # test_interrupt.py)
     with pytest.raises(chorus.Destroyed) as info:
         comm.all_reduce(np.zeros(4, np.float32))
     e = info.value

@@ -3,7 +3,7 @@
 //! A `send` that finds the stream idle copies its frame into our ring on the caller's
 //! thread; only what the ring has no room for goes to the pump. A `recv` that finds nothing
 //! held reads the peer's ring itself for a while (the same adaptive, crowded-core-aware
-//! window as TCP's, `tcp/spin.rs`), then parks and leaves the ring to the pump, which the
+//! window as TCP's, `spin.rs`), then parks and leaves the ring to the pump, which the
 //! peer wakes through the segment's futex.
 //!
 //! Leaving is a `Depart` frame in the ring, then the one-way closed word and a wake-up:

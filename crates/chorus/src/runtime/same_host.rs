@@ -4,7 +4,7 @@
 //!
 //! The listener's abstract name is derived from the member's certificate fingerprint, which
 //! every peer table already carries, so the wire needs no new field. A peer qualifies when
-//! it advertises `caps::SHM` and `host::is_local` says it runs under this kernel boot and
+//! it advertises `caps::SHM` and `host_identity::is_local` says it runs under this kernel boot and
 //! pid namespace. The network namespace is checked by the connect itself: abstract names
 //! live in one namespace, and the listener is bound before this member's peer-table entry
 //! exists, so a refused connect means "another namespace" and the link falls back to TCP.
