@@ -21,6 +21,8 @@ mod recorder;
 mod runtime;
 mod signal;
 pub mod status;
+#[cfg(test)]
+mod testkit;
 pub mod unique_id;
 
 pub use chorus_control::Quorum;

@@ -428,27 +428,9 @@ fn severity(state: PeerState) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::peer_info as info;
     use chorus_protocol::OpSeq;
-    use chorus_protocol::message::{PeerStatus, WireAddr};
-
-    fn info(rank: u32) -> PeerInfo {
-        PeerInfo {
-            rank: Rank(rank),
-            host: "h#000000000000".into(),
-            pid: 100 + rank,
-            control: WireAddr {
-                ip: [0; 16],
-                port: 1,
-            },
-            data: WireAddr {
-                ip: [0; 16],
-                port: 2,
-            },
-            fingerprint: [rank as u8; 32],
-            caps: 0,
-            incarnation: u64::from(rank) + 7,
-        }
-    }
+    use chorus_protocol::message::PeerStatus;
 
     fn op(waiting_on: Option<u32>, state: OpState) -> OpRecord {
         OpRecord {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use chorus_control::{Input, Instant};
 use chorus_engine::context::AbortReason;
-use chorus_protocol::message::{Evidence, PeerInfo, Welcome, WireAddr};
+use chorus_protocol::message::{Evidence, PeerInfo, Welcome};
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 use tokio::sync::oneshot;
 
@@ -18,27 +18,9 @@ use super::waiters::{PendingAgreement, PendingAgreements};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::runtime::mailbox::NextEpoch;
+use crate::testkit::peer_info as peer;
 
 const COMM: CommId = CommId(7);
-
-fn peer(rank: u32) -> PeerInfo {
-    PeerInfo {
-        rank: Rank(rank),
-        host: "elsewhere#000000000000".into(),
-        pid: 1000 + rank,
-        control: WireAddr {
-            ip: [0; 16],
-            port: 1,
-        },
-        data: WireAddr {
-            ip: [0; 16],
-            port: 2,
-        },
-        fingerprint: [rank as u8 + 1; 32],
-        caps: 0,
-        incarnation: u64::from(rank) + 100,
-    }
-}
 
 fn welcome(world: u32) -> Welcome {
     Welcome {
