@@ -15,12 +15,12 @@ use chorus_protocol::{CloseCode, Epoch, Rank};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::Published;
 use super::aborts::Scope;
 use super::action::Action;
 use super::channels::{Added, Channels};
 use super::exits::{self, Watches};
 use super::policy::{Me, Policy};
+use super::published::Published;
 use crate::error::Error;
 use crate::runtime::Session;
 use crate::runtime::mailbox::{EpochHooks, LineageMsg, Request};
