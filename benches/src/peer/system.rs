@@ -180,8 +180,7 @@ impl Tools {
                 if system == System::ChorusTorch {
                     cmd.args(["--backend", "chorus"]);
                 }
-                cmd
-                    .args(["-n", &ranks.to_string()])
+                cmd.args(["-n", &ranks.to_string()])
                     .args(&sizes)
                     .args(["--timeout", &limit_s.saturating_sub(10).max(10).to_string()]);
                 Ok(cmd)
