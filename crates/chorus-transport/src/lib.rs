@@ -16,6 +16,7 @@
 //! It may depend on `chorus-protocol` and `chorus-engine`; never on `chorus-control`,
 //! `chorus-cuda`, `chorus` or the CLI.
 
+mod accept;
 pub mod admission;
 pub mod config;
 pub mod error;

@@ -198,17 +198,7 @@ impl QuicEndpoint {
     /// The next authenticated incoming connection, waiting at most `timeout`.
     pub async fn accept(&self, timeout: Duration) -> Result<QuicConnection, TransportError> {
         let mut rx = self.inner.incoming.lock().await;
-        match tokio::time::timeout(timeout, rx.recv()).await {
-            Ok(Some(c)) => Ok(c),
-            Ok(None) => Err(TransportError::Shutdown),
-            Err(_) => Err(TransportError::Io {
-                what: "quic accept",
-                source: std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no authenticated connection within {timeout:?}"),
-                ),
-            }),
-        }
+        crate::accept::next_within(&mut rx, timeout, "quic accept").await
     }
 
     /// Closes every connection with `code` and stops serving.

@@ -190,17 +190,7 @@ impl ShmListener {
     /// The next authenticated connection, waiting at most `timeout`.
     pub async fn accept(&mut self, timeout: Duration) -> Result<ShmConnection, TransportError> {
         let _keep = &self.transport;
-        match tokio::time::timeout(timeout, self.rx.recv()).await {
-            Ok(Some(conn)) => Ok(conn),
-            Ok(None) => Err(TransportError::Shutdown),
-            Err(_) => Err(TransportError::Io {
-                what: "accept",
-                source: std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no authenticated shm connection within {timeout:?}"),
-                ),
-            }),
-        }
+        crate::accept::next_within(&mut self.rx, timeout, "shm accept").await
     }
 }
 
