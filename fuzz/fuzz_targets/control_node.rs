@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chorus_control::{
-    Command, Config, Event, Frame, Input, Instant, Node, Quorum, Status, View, Witness,
+    Command, Config, Event, Input, Instant, Node, Quorum, Received, Status, View, Witness,
 };
 use chorus_protocol::message::{
     Accept, Ballot, Commit, Depart, Evidence, Heartbeat, Message, Notice, PeerInfo, Prepare,
@@ -426,7 +426,7 @@ impl Harness {
             .collect())
     }
 
-    fn frame(&self, u: &mut Unstructured<'_>) -> ArbResult<Frame> {
+    fn frame(&self, u: &mut Unstructured<'_>) -> ArbResult<Received> {
         let me = self.node.rank();
         let mut from = self.rank(u)?;
         if from == me {
@@ -506,7 +506,7 @@ impl Harness {
                 absent: self.absent(u)?,
             }),
         };
-        Ok(Frame {
+        Ok(Received {
             from,
             comm,
             epoch,
