@@ -150,6 +150,15 @@ def fault(how: str, victim: int, at: int, steps: int) -> None:
         json.dump(seen, f)
     os.rename(os.path.join(OUT, f"seen-{rank}.json.tmp"), os.path.join(OUT, f"seen-{rank}.json"))
     if how == "stop":
+        # Leave only once every survivor has recorded what it saw: an abort here departs
+        # this rank, and a survivor whose own deadline for the frozen rank has not fired
+        # yet would fail on that departure instead (a race of the test, not of chorus).
+        others = [r for r in range(dist.get_world_size()) if r not in (rank, victim)]
+        until = time.time() + 30
+        while time.time() < until and not all(
+            os.path.exists(os.path.join(OUT, f"seen-{r}.json")) for r in others
+        ):
+            time.sleep(0.01)
         dist.group.WORLD.abort()
         os._exit(0)
     group = chorus.torch.shrink()
