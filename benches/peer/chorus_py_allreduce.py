@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+from ranks import supervise
+
 
 def parse_size(text):
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -69,27 +71,7 @@ def launcher(o):
                          env=env, stdout=None if r == 0 else subprocess.DEVNULL)
         for r in range(o.ranks)
     ]
-    deadline = time.monotonic() + o.timeout
-    failed = None
-    while failed is None and any(p.poll() is None for p in ranks):
-        for r, p in enumerate(ranks):
-            if p.poll() not in (None, 0):
-                failed = f"rank {r} exited with status {p.returncode}"
-        if failed is None and time.monotonic() > deadline:
-            failed = f"sweep still running after {o.timeout:.0f} s"
-        time.sleep(0.02)
-    if failed is None:
-        failed = next((f"rank {r} exited with status {p.returncode}"
-                       for r, p in enumerate(ranks) if p.returncode != 0), None)
-    if failed is not None:
-        for p in ranks:
-            if p.poll() is None:
-                p.kill()
-        for p in ranks:
-            p.wait()
-        print(f"chorus_py_allreduce: {failed}", file=sys.stderr)
-        return 1
-    return 0
+    return supervise(ranks, o.timeout, "chorus_py_allreduce")
 
 
 # The same check pattern as gloo_allreduce.py and mpi_allreduce.c: (7i + 3r) mod 64.

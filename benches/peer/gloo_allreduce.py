@@ -24,6 +24,8 @@ import os
 import subprocess
 import sys
 import time
+
+from ranks import supervise
 import warnings
 
 # torch warns at import when numpy is absent; numpy is not needed here.
@@ -84,27 +86,7 @@ def launcher(o):
             env=env, stdout=None if r == 0 else subprocess.DEVNULL)
         for r in range(o.ranks)
     ]
-    deadline = time.monotonic() + o.timeout
-    failed = None
-    while failed is None and any(p.poll() is None for p in ranks):
-        for r, p in enumerate(ranks):
-            if p.poll() not in (None, 0):
-                failed = f"rank {r} exited with status {p.returncode}"
-        if failed is None and time.monotonic() > deadline:
-            failed = f"sweep still running after {o.timeout:.0f} s"
-        time.sleep(0.02)
-    if failed is None:
-        failed = next((f"rank {r} exited with status {p.returncode}"
-                       for r, p in enumerate(ranks) if p.returncode != 0), None)
-    if failed is not None:
-        for p in ranks:
-            if p.poll() is None:
-                p.kill()
-        for p in ranks:
-            p.wait()
-        print(f"gloo_allreduce: {failed}", file=sys.stderr)
-        return 1
-    return 0
+    return supervise(ranks, o.timeout, "gloo_allreduce")
 
 
 # The check pattern repeats every PERIOD elements: (7i + 3r) mod 64 is a permutation of

@@ -1,0 +1,33 @@
+"""Waiting on the rank processes of one peer-bench sweep, shared by gloo_allreduce.py and
+chorus_py_allreduce.py: every wait is bounded, and a failed or overdue rank ends the rest."""
+
+import sys
+import time
+
+
+def supervise(ranks, timeout, label):
+    """Waits for every process in `ranks` (rank order) for at most `timeout` seconds.
+
+    Returns 0 when all exited 0. Otherwise kills what is still running, reaps everything,
+    prints one line naming the first failure under `label`, and returns 1."""
+    deadline = time.monotonic() + timeout
+    failed = None
+    while failed is None and any(p.poll() is None for p in ranks):
+        for r, p in enumerate(ranks):
+            if p.poll() not in (None, 0):
+                failed = f"rank {r} exited with status {p.returncode}"
+        if failed is None and time.monotonic() > deadline:
+            failed = f"sweep still running after {timeout:.0f} s"
+        time.sleep(0.02)
+    if failed is None:
+        failed = next((f"rank {r} exited with status {p.returncode}"
+                       for r, p in enumerate(ranks) if p.returncode != 0), None)
+    if failed is None:
+        return 0
+    for p in ranks:
+        if p.poll() is None:
+            p.kill()
+    for p in ranks:
+        p.wait()
+    print(f"{label}: {failed}", file=sys.stderr)
+    return 1
