@@ -1,5 +1,6 @@
 //! Compiled kernels, kept so NVRTC runs once: in this process (per target), and on disk
-//! keyed by source hash, target and NVRTC version.
+//! keyed by source hash, target, NVRTC version and the NVRTC options (a build that changes an
+//! option, `--fmad` say, must not load an image compiled without it).
 //!
 //! The disk cache lives in `$CHORUS_KERNEL_CACHE` if set (`off` turns it off), else
 //! `$XDG_CACHE_HOME/chorus/kernels`, else `$HOME/.cache/chorus/kernels`. A file that is
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
 
 use crate::compile::{self, Image, Target};
 use crate::error::CudaError;
@@ -24,18 +26,39 @@ pub struct Key {
     pub nvrtc: (u32, u32),
     /// Whether the fp8 instructions were asked for.
     pub fp8_hw: bool,
+    /// The NVRTC options the image is compiled with.
+    pub options: Vec<String>,
 }
 
 impl Key {
+    /// The key of the sources `source_hash` compiled for `target` by NVRTC `nvrtc`, with the
+    /// options chorus uses at run time ([`compile::options`]).
+    pub fn new(source_hash: String, target: Target, nvrtc: (u32, u32), fp8_hw: bool) -> Key {
+        Key {
+            source_hash,
+            target,
+            nvrtc,
+            fp8_hw,
+            options: compile::options(target, fp8_hw),
+        }
+    }
+
+    /// The same key without the fp8 instructions (the fallback when NVRTC rejects them).
+    fn without_fp8(&self) -> Key {
+        Key::new(self.source_hash.clone(), self.target, self.nvrtc, false)
+    }
+
     /// The cache file's name for this key.
     pub fn file_name(&self) -> String {
         let hash = &self.source_hash[..self.source_hash.len().min(16)];
+        let opts = hex::encode(Sha256::digest(self.options.join("\0").as_bytes()));
         format!(
-            "chorus-{hash}-{}-nvrtc{}.{}{}.{}",
+            "chorus-{hash}-{}-nvrtc{}.{}{}-o{}.{}",
             self.target,
             self.nvrtc.0,
             self.nvrtc.1,
             if self.fp8_hw { "-fp8" } else { "" },
+            &opts[..8],
             if self.target.cubin { "cubin" } else { "ptx" }
         )
     }
@@ -61,34 +84,42 @@ pub fn get_or_compile(key: &Key, source: &str) -> Result<(Arc<Image>, bool), Cud
         // A cached image compiled without fp8 instructions (after a rejection) is stored
         // under the non-fp8 name; look for both.
         load(d, key).map(|i| (i, key.fp8_hw)).or_else(|| {
-            let plain = Key {
-                fp8_hw: false,
-                ..key.clone()
-            };
             (key.fp8_hw)
-                .then(|| load(d, &plain).map(|i| (i, false)))
+                .then(|| load(d, &key.without_fp8()).map(|i| (i, false)))
                 .flatten()
         })
     });
     let (image, fp8) = match found {
         Some(hit) => hit,
         None => {
-            let (image, fp8) = compile::compile(source, key.target, key.fp8_hw)?;
+            let (image, stored) = compile(key, source)?;
             if let Some(d) = dir.as_deref() {
-                let stored = Key {
-                    fp8_hw: fp8,
-                    ..key.clone()
-                };
                 if let Err(e) = store(d, &stored, &image) {
                     tracing::debug!(dir = %d.display(), error = %e, "kernel cache not written");
                 }
             }
+            let fp8 = stored.fp8_hw;
             (image, fp8)
         }
     };
     let entry = (Arc::new(image), fp8);
     map.insert(key.clone(), entry.clone());
     Ok(entry)
+}
+
+/// Compile for `key`; with fp8 instructions, a rejection is retried without them. Returns
+/// the image and the key it was compiled under.
+fn compile(key: &Key, source: &str) -> Result<(Image, Key), CudaError> {
+    match compile::compile_with(source, key.target, &key.options) {
+        Ok(image) => Ok((image, key.clone())),
+        Err(CudaError::Compile { log, .. }) if key.fp8_hw => {
+            let target = key.target;
+            tracing::warn!(%target, %log, "fp8 instructions rejected; compiling without them");
+            let plain = key.without_fp8();
+            compile::compile_with(source, target, &plain.options).map(|image| (image, plain))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Where the disk cache is, from the three variables that decide it; `None` when off.
@@ -137,15 +168,15 @@ mod tests {
     use super::*;
 
     fn key(fp8: bool) -> Key {
-        Key {
-            source_hash: "0123456789abcdef0123456789abcdef".into(),
-            target: Target {
+        Key::new(
+            "0123456789abcdef0123456789abcdef".into(),
+            Target {
                 arch: 90,
                 cubin: true,
             },
-            nvrtc: (13, 0),
-            fp8_hw: fp8,
-        }
+            (13, 0),
+            fp8,
+        )
     }
 
     fn scratch(name: &str) -> PathBuf {
@@ -155,22 +186,51 @@ mod tests {
     }
 
     #[test]
-    fn file_names_carry_hash_target_nvrtc_and_fp8() {
-        assert_eq!(
-            key(true).file_name(),
-            "chorus-0123456789abcdef-sm_90-nvrtc13.0-fp8.cubin"
+    fn file_names_carry_hash_target_nvrtc_fp8_and_options() {
+        let name = key(true).file_name();
+        assert!(
+            name.starts_with("chorus-0123456789abcdef-sm_90-nvrtc13.0-fp8-o"),
+            "{name}"
         );
-        let ptx = Key {
-            target: Target {
+        assert!(name.ends_with(".cubin"), "{name}");
+        let ptx = Key::new(
+            key(false).source_hash,
+            Target {
                 arch: 120,
                 cubin: false,
             },
-            ..key(false)
-        };
-        assert_eq!(
-            ptx.file_name(),
-            "chorus-0123456789abcdef-compute_120-nvrtc13.0.ptx"
+            (13, 0),
+            false,
         );
+        let name = ptx.file_name();
+        assert!(
+            name.starts_with("chorus-0123456789abcdef-compute_120-nvrtc13.0-o"),
+            "{name}"
+        );
+        assert!(name.ends_with(".ptx"), "{name}");
+    }
+
+    #[test]
+    fn keys_differing_only_in_options_name_different_files() {
+        let k = key(false);
+        assert_eq!(k.options, compile::options(k.target, false), "run-time options");
+        let mut other = k.clone();
+        other.options.push("--use_fast_math".into());
+        assert_ne!(k, other);
+        assert_ne!(k.file_name(), other.file_name());
+        // An image stored under one set of options is not found under another.
+        let dir = scratch("options");
+        let image = Image {
+            bytes: b"\x7fELF-cubin-bytes".to_vec(),
+            cubin: true,
+        };
+        store(&dir, &k, &image).unwrap();
+        assert_eq!(load(&dir, &other), None);
+        assert_eq!(load(&dir, &k), Some(image));
+        std::fs::remove_dir_all(&dir).unwrap();
+        // The fp8 fallback's key carries the fallback's options.
+        let plain = key(true).without_fp8();
+        assert_eq!(plain, key(false));
     }
 
     #[test]

@@ -125,19 +125,9 @@ pub fn supported_archs() -> Result<Vec<u32>, CudaError> {
         .collect())
 }
 
-/// Compile `source` for `target`. With `fp8_hw`, a rejection is retried without it.
-pub fn compile(source: &str, target: Target, fp8_hw: bool) -> Result<(Image, bool), CudaError> {
-    match compile_once(source, target, fp8_hw) {
-        Ok(image) => Ok((image, fp8_hw)),
-        Err(CudaError::Compile { log, .. }) if fp8_hw => {
-            tracing::warn!(%target, %log, "fp8 instructions rejected; compiling without them");
-            compile_once(source, target, false).map(|image| (image, false))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-fn compile_once(source: &str, target: Target, fp8_hw: bool) -> Result<Image, CudaError> {
+/// Compile `source` for `target` with `opts` (from [`options`]: the run time and the CI
+/// compile check share them), once: a rejection is a [`CudaError::Compile`] with NVRTC's log.
+pub fn compile_with(source: &str, target: Target, opts: &[String]) -> Result<Image, CudaError> {
     let src = CString::new(source)
         .map_err(|_| CudaError::Invalid("kernel source contains a NUL byte".into()))?;
     let name = c"chorus_kernels.cu";
@@ -158,10 +148,11 @@ fn compile_once(source: &str, target: Target, fp8_hw: bool) -> Result<Image, Cud
         "nvrtcCreateProgram",
     )?;
     let program = Program(prog);
-    let opts: Vec<CString> = options(target, fp8_hw)
-        .into_iter()
-        .filter_map(|o| CString::new(o).ok())
-        .collect();
+    let opts: Vec<CString> = opts
+        .iter()
+        .map(|o| CString::new(o.as_str()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| CudaError::Invalid("an NVRTC option contains a NUL byte".into()))?;
     let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: `program` is live; `ptrs` holds `ptrs.len()` NUL-terminated strings that
     // outlive the call.

@@ -110,12 +110,7 @@ impl Gpu {
         let nvrtc = compile::nvrtc_version()?;
         let target =
             compile::choose_target(capability.0, capability.1, &compile::supported_archs()?)?;
-        let key = Key {
-            source_hash: source::hash(),
-            target,
-            nvrtc,
-            fp8_hw: compile::fp8_hardware(target),
-        };
+        let key = Key::new(source::hash(), target, nvrtc, compile::fp8_hardware(target));
         let (image, fp8_hw) = cache::get_or_compile(&key, &source::unit())?;
         let kernels = Kernels::load(&ctx, &image, sm_count)?;
         tracing::debug!(ordinal, %name, %target, fp8_hw, "opened gpu");
