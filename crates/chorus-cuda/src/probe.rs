@@ -10,7 +10,13 @@
 //!
 //! NVRTC often lives outside the loader's path (a toolkit's `lib64`, a Python wheel), so
 //! the usual directories are tried by absolute path as well; once loaded that way, cudarc's
-//! later lookup by soname finds it.
+//! later lookup by soname finds it. The places, in order: `$CHORUS_NVRTC` (the library or its
+//! directory), the toolkit roots (`$CUDA_HOME` and its kin, `/usr/local/cuda*`), and the
+//! `nvidia-cuda-nvrtc` wheel in the Python environments in sight (`$VIRTUAL_ENV`,
+//! `$CONDA_PREFIX`, and the prefix of the interpreter this process was started as): its
+//! CUDA 13 wheels put the library in `site-packages/nvidia/cu13/lib`, its CUDA 12 ones in
+//! `site-packages/nvidia/cuda_nvrtc/lib`. NVRTC is found on its own ([`nvrtc`]) as well, so
+//! the kernels can be compile-checked on a machine with no driver.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -101,19 +107,31 @@ pub fn libraries() -> Result<&'static Libraries, CudaError> {
                 &[],
                 DRIVER_SYMBOLS,
             )?;
-            let nvrtc = open_first(
+            Ok(Libraries {
+                driver: driver.0,
+                nvrtc: nvrtc()?.to_string(),
+                _handles: vec![driver.1],
+            })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Find and keep NVRTC alone, once per process (no driver needed: compiling is all NVRTC
+/// does); returns what it was opened as.
+pub fn nvrtc() -> Result<&'static str, CudaError> {
+    static FOUND: OnceLock<Result<(String, libloading::Library), CudaError>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            open_first(
                 "NVRTC (libnvrtc)",
                 &cudarc::get_lib_name_candidates("nvrtc"),
                 &nvrtc_dirs(),
                 NVRTC_SYMBOLS,
-            )?;
-            Ok(Libraries {
-                driver: driver.0,
-                nvrtc: nvrtc.0,
-                _handles: vec![driver.1, nvrtc.1],
-            })
+            )
         })
         .as_ref()
+        .map(|(name, _)| name.as_str())
         .map_err(Clone::clone)
 }
 
@@ -162,7 +180,7 @@ pub(crate) fn open_first(
         }
     }
     Err(CudaError::DeviceUnavailable(format!(
-        "{what} not found; searched {} (set LD_LIBRARY_PATH or CUDA_HOME)",
+        "{what} not found; searched {} (set LD_LIBRARY_PATH, CUDA_HOME or CHORUS_NVRTC)",
         summarize(&tried)
     )))
 }
@@ -170,29 +188,81 @@ pub(crate) fn open_first(
 /// Directories where NVRTC commonly lives outside the loader's path.
 fn nvrtc_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    for var in [
+    if let Some(given) = std::env::var_os("CHORUS_NVRTC").map(PathBuf::from) {
+        match given.parent() {
+            Some(parent) if given.is_file() => dirs.push(parent.to_path_buf()),
+            _ => dirs.push(given),
+        }
+    }
+    let mut roots: Vec<PathBuf> = [
         "CUDA_HOME",
         "CUDA_PATH",
         "CUDA_ROOT",
         "CUDA_TOOLKIT_ROOT_DIR",
-    ] {
-        if let Some(root) = std::env::var_os(var) {
-            let root = PathBuf::from(root);
-            dirs.push(root.join("lib64"));
-            dirs.push(root.join("lib"));
-            dirs.push(root.join("targets/x86_64-linux/lib"));
+    ]
+    .iter()
+    .filter_map(std::env::var_os)
+    .map(PathBuf::from)
+    .collect();
+    roots.push(PathBuf::from("/usr/local/cuda"));
+    roots.extend(sorted_children(Path::new("/usr/local"), "cuda-"));
+    for root in roots {
+        dirs.push(root.join("lib64"));
+        dirs.push(root.join("lib"));
+        dirs.push(root.join("targets/x86_64-linux/lib"));
+    }
+    dirs.push(PathBuf::from("/usr/lib/x86_64-linux-gnu"));
+    let mut prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(PathBuf::from)
+        .collect();
+    prefixes.extend(interpreter_prefix(std::env::args_os().next().map(PathBuf::from)));
+    for prefix in prefixes {
+        dirs.extend(wheel_dirs(&prefix));
+    }
+    dirs.retain(|d| d.is_dir());
+    dirs
+}
+
+/// Where the `nvidia-cuda-nvrtc` wheels put the library in the Python environment at
+/// `prefix` (`lib/python3.*/site-packages/nvidia/{cu13,cuda_nvrtc}/lib`), existing or not.
+pub fn wheel_dirs(prefix: &Path) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for lib in ["lib", "lib64"] {
+        for python in sorted_children(&prefix.join(lib), "python3") {
+            let nvidia = python.join("site-packages/nvidia");
+            dirs.push(nvidia.join("cu13/lib"));
+            dirs.push(nvidia.join("cuda_nvrtc/lib"));
         }
     }
-    for fixed in [
-        "/usr/local/cuda/lib64",
-        "/usr/local/cuda/targets/x86_64-linux/lib",
-        "/usr/local/cuda-13.0/lib64",
-        "/usr/lib/x86_64-linux-gnu",
-    ] {
-        dirs.push(PathBuf::from(fixed));
-    }
-    dirs.retain(|d| Path::new(d).is_dir());
     dirs
+}
+
+/// The environment prefix of an interpreter started as `argv0` (`<prefix>/bin/python`): a
+/// venv's `python` is a symlink, so the path it was started by is what names the venv.
+fn interpreter_prefix(argv0: Option<PathBuf>) -> Option<PathBuf> {
+    let argv0 = argv0?;
+    let name = argv0.file_name()?.to_string_lossy();
+    if !name.starts_with("python") {
+        return None;
+    }
+    let bin = argv0.parent()?;
+    (bin.file_name()? == "bin").then(|| bin.parent().map(Path::to_path_buf))?
+}
+
+/// The entries of `dir` whose names start with `prefix`, newest-sorting last.
+fn sorted_children(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    found
 }
 
 /// The list of tried names, shortened for an error message.
@@ -249,6 +319,30 @@ mod tests {
         // the names cudarc will dlopen must include both, or the probe and cudarc disagree.
         assert!(cudarc::get_lib_name_candidates("cuda").contains(&"libcuda.so.1".to_string()));
         assert!(cudarc::get_lib_name_candidates("nvrtc").contains(&"libnvrtc.so.13".to_string()));
+    }
+
+    #[test]
+    fn the_wheel_layouts_of_cuda_12_and_13_are_searched() {
+        let prefix = std::env::temp_dir().join(format!("chorus-wheel-{}", std::process::id()));
+        let site = prefix.join("lib/python3.11/site-packages/nvidia");
+        for sub in ["cu13/lib", "cuda_nvrtc/lib"] {
+            std::fs::create_dir_all(site.join(sub)).unwrap();
+        }
+        let dirs = wheel_dirs(&prefix);
+        assert!(dirs.contains(&site.join("cu13/lib")), "{dirs:?}");
+        assert!(dirs.contains(&site.join("cuda_nvrtc/lib")), "{dirs:?}");
+        assert!(wheel_dirs(&prefix.join("absent")).is_empty());
+        std::fs::remove_dir_all(&prefix).unwrap();
+    }
+
+    #[test]
+    fn a_venv_is_named_by_the_path_its_python_was_started_as() {
+        let at = |p: &str| interpreter_prefix(Some(PathBuf::from(p)));
+        assert_eq!(at("/w/venv/bin/python"), Some(PathBuf::from("/w/venv")));
+        assert_eq!(at("/w/venv/bin/python3.11"), Some(PathBuf::from("/w/venv")));
+        assert_eq!(at("/w/target/debug/deps/chorus_cuda-1234"), None);
+        assert_eq!(at("python3"), None);
+        assert_eq!(interpreter_prefix(None), None);
     }
 
     #[test]
