@@ -45,8 +45,18 @@ step() {
   return $rc
 }
 
+# info NAME LIMIT_S CMD...: like step, for what only describes the machine: its failure is
+# logged but does not fail the check (`step ... || true` would not do that: step has already
+# counted the failure by the time it returns).
+info() {
+  local before=${#failed[@]}
+  step "$@"
+  failed=("${failed[@]:0:before}")
+  return 0
+}
+
 say "chorus-cuda device check, $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')"
-step "gpu" 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+info "gpu" 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 # NVRTC is often outside the loader's path (a toolkit's lib64, a Python wheel): find it.
 if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.13'; then

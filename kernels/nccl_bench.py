@@ -29,8 +29,14 @@ def worker(rank, world, init_file, sizes, out_path, budget_s):
                             device_id=torch.device("cuda", 0))
     start = time.monotonic()
     rows = []
+    go = torch.zeros(1, dtype=torch.int32, device="cuda")
     for size in sizes:
-        if time.monotonic() - start > budget_s:
+        # Rank 0's clock decides for everyone: ranks that each read their own would leave the
+        # loop at different sizes and the others would wait in an all-reduce nobody joins.
+        if rank == 0:
+            go.fill_(int(time.monotonic() - start <= budget_s))
+        dist.broadcast(go, src=0)
+        if not go.item():
             break
         x = torch.ones(size // 4, dtype=torch.float32, device="cuda")
         iters = 3 if size >= 256 << 20 else 10

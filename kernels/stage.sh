@@ -18,10 +18,20 @@ mkdir -p "$dest"
 say() { printf 'stage: %s\n' "$*"; }
 
 say "building tests and the benchmark (release)"
-json=$(timeout 1800 cargo test -p chorus-cuda --release --no-run --message-format=json 2>/dev/null)
-timeout 1800 cargo build -p chorus-cuda --release --example gpu_bench
+# The JSON goes to a file and cargo's diagnostics to the terminal: a compile error must end
+# staging with its message, not with an empty list of binaries.
+json=$(mktemp)
+trap 'rm -f "$json"' EXIT
+if ! timeout 1800 cargo test -p chorus-cuda --release --no-run --message-format=json-render-diagnostics >"$json"; then
+  say "building the tests failed (cargo's errors above)"
+  exit 1
+fi
+if ! timeout 1800 cargo build -p chorus-cuda --release --example gpu_bench; then
+  say "building gpu_bench failed (cargo's errors above)"
+  exit 1
+fi
 for t in chorus_cuda gpu; do
-  exe=$(printf '%s\n' "$json" | grep '"executable":"' | grep "\"name\":\"$t\"" |
+  exe=$(grep '"executable":"' "$json" | grep "\"name\":\"$t\"" |
         sed 's/.*"executable":"\([^"]*\)".*/\1/' | tail -1)
   if [[ -z "$exe" || ! -x "$exe" ]]; then
     say "cannot find the test binary for $t"; exit 1
