@@ -2,9 +2,31 @@
 //!
 //! The data itself moves through device memory; the socket carries what the host sides need
 //! to agree on: who is at the other end and where its slots are (`Hello`, `Region`), that a
-//! payload was queued (`Sent`: its tag and length), and that a side is leaving (`Depart`).
-//! Fixed little-endian layouts, each frame led by its kind byte; every field is checked as
-//! it is read and a bad one is a [`HostFrameError`], never a panic.
+//! payload was announced (`Sent`: its tag and length) and how far its slot messages have
+//! been queued (`Queued`) and taken out again (`Credit`), and that a side is leaving
+//! (`Depart`). Fixed little-endian layouts, each frame led by its kind byte; every field is
+//! checked as it is read and a bad one is a [`HostFrameError`], never a panic.
+//!
+//! This is the device-link protocol, version 2 (a wire of its own, not `protocol/SPEC.md`'s).
+//! Byte layouts after the kind byte (`u16`, `u32`, `u64` little-endian):
+//!
+//! | kind | frame    | fields |
+//! |------|----------|--------|
+//! | 1    | `Hello`  | magic `CHRSDLNK` (8), version `u16`, process nonce (16), rank `u32`, GPU UUID (16), slot bytes `u64`, slots `u32` |
+//! | 2    | `Region` | token `u64`, has-IPC flag (1: 0 or 1), IPC handle (64, zeros without) |
+//! | 3    | `Sent`   | collective (1), op `u64`, step `u32`, offset `u64`, dtype (1), length `u64` |
+//! | 4    | `Depart` | close code `u16`, detail length `u16` (at most 256), detail (UTF-8) |
+//! | 5    | `Queued` | slot messages queued so far `u64` |
+//! | 6    | `Credit` | slot messages taken out so far `u64` |
+//!
+//! Version 2 changed `Hello`: a random per-process nonce (16 bytes) replaced the process id
+//! (`u32`), since PIDs are equal across PID namespaces and "same process" decides whether
+//! the peer's region is shared directly or mapped through IPC; and it added `Queued` and
+//! `Credit`, so that slot credit is kept on the host (`credit.rs`). Each payload is cut into
+//! slot messages of at most one slot; the sender announces it (`Sent`), queues the parts the
+//! receiver's `Credit` leaves room for and says so (`Queued`); the receiver queues taking
+//! each part out only once `Queued` covers it, and answers with `Credit`. So no device wait
+//! is ever queued before the work that ends it, whatever the hardware queues.
 
 use std::io::{self, Read, Write};
 
@@ -14,7 +36,7 @@ use chorus_protocol::{CloseCode, Collective, DType, OpSeq, Rank};
 /// Identifies the device-link protocol in `Hello`.
 pub const MAGIC: [u8; 8] = *b"CHRSDLNK";
 /// This version of the device-link protocol.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Longest departure detail carried, in bytes.
 pub const MAX_DETAIL: usize = 256;
 
@@ -25,17 +47,24 @@ pub enum HostFrame {
     Hello(Hello),
     /// Second frame each way: where the sender's region is.
     Region(RegionInfo),
-    /// A payload of `len` bytes was queued into the sender's slots under `tag`.
+    /// A payload of `len` bytes under `tag` comes next, in the next `len / slot_bytes`
+    /// (rounded up) slot messages.
     Sent { tag: Tag, len: u64 },
     /// The sender is leaving; its streams are drained.
     Depart { code: CloseCode, detail: String },
+    /// The sender has queued the puts and signals of its first `upto` slot messages.
+    Queued { upto: u64 },
+    /// The receiver has queued taking the first `upto` slot messages out of the sender's
+    /// slots: the sender may queue up to `upto + slots`.
+    Credit { upto: u64 },
 }
 
 /// Identity and slot geometry, checked against the peer's before anything is shared.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Hello {
     pub version: u16,
-    pub pid: u32,
+    /// Random, one per process ([`process_nonce`]): equal nonces mean one process.
+    pub nonce: [u8; 16],
     pub rank: Rank,
     /// The GPU's UUID: both ends must be on the same one.
     pub uuid: [u8; 16],
@@ -74,6 +103,14 @@ const HELLO: u8 = 1;
 const REGION: u8 = 2;
 const SENT: u8 = 3;
 const DEPART: u8 = 4;
+const QUEUED: u8 = 5;
+const CREDIT: u8 = 6;
+
+/// This process's nonce: random, drawn once, the same for every link of the process.
+pub fn process_nonce() -> [u8; 16] {
+    static NONCE: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
+    *NONCE.get_or_init(rand::random)
+}
 
 impl HostFrame {
     /// The frame's bytes.
@@ -84,7 +121,7 @@ impl HostFrame {
                 b.push(HELLO);
                 b.extend_from_slice(&MAGIC);
                 b.extend_from_slice(&h.version.to_le_bytes());
-                b.extend_from_slice(&h.pid.to_le_bytes());
+                b.extend_from_slice(&h.nonce);
                 b.extend_from_slice(&h.rank.get().to_le_bytes());
                 b.extend_from_slice(&h.uuid);
                 b.extend_from_slice(&h.slot_bytes.to_le_bytes());
@@ -111,6 +148,14 @@ impl HostFrame {
                 let d = truncate(detail, MAX_DETAIL);
                 b.extend_from_slice(&(d.len() as u16).to_le_bytes());
                 b.extend_from_slice(d.as_bytes());
+            }
+            HostFrame::Queued { upto } => {
+                b.push(QUEUED);
+                b.extend_from_slice(&upto.to_le_bytes());
+            }
+            HostFrame::Credit { upto } => {
+                b.push(CREDIT);
+                b.extend_from_slice(&upto.to_le_bytes());
             }
         }
         b
@@ -140,7 +185,7 @@ impl HostFrame {
                 }
                 HostFrame::Hello(Hello {
                     version: u16::from_le_bytes(array(r)?),
-                    pid: u32::from_le_bytes(array(r)?),
+                    nonce: array(r)?,
                     rank: Rank(u32::from_le_bytes(array(r)?)),
                     uuid: array(r)?,
                     slot_bytes: u64::from_le_bytes(array(r)?),
@@ -197,6 +242,12 @@ impl HostFrame {
                     detail: String::from_utf8_lossy(&detail).into_owned(),
                 }
             }
+            QUEUED => HostFrame::Queued {
+                upto: u64::from_le_bytes(array(r)?),
+            },
+            CREDIT => HostFrame::Credit {
+                upto: u64::from_le_bytes(array(r)?),
+            },
             k => return Err(HostFrameError::Kind(k)),
         };
         Ok(Some(frame))
@@ -247,7 +298,7 @@ mod tests {
     fn every_frame_roundtrips() {
         roundtrip(HostFrame::Hello(Hello {
             version: VERSION,
-            pid: 1234,
+            nonce: [7; 16],
             rank: Rank(3),
             uuid: [9; 16],
             slot_bytes: 1 << 23,
@@ -269,6 +320,36 @@ mod tests {
             code: CloseCode::ABORTED,
             detail: "bye".into(),
         });
+        roundtrip(HostFrame::Queued { upto: 1 << 40 });
+        roundtrip(HostFrame::Credit { upto: 3 });
+    }
+
+    #[test]
+    fn the_hello_layout_is_the_documented_one() {
+        let hello = Hello {
+            version: VERSION,
+            nonce: [0xab; 16],
+            rank: Rank(5),
+            uuid: [0xcd; 16],
+            slot_bytes: 1 << 20,
+            slots: 4,
+        };
+        let b = HostFrame::Hello(hello).encode();
+        assert_eq!(b.len(), 1 + 8 + 2 + 16 + 4 + 16 + 8 + 4);
+        assert_eq!(&b[1..9], b"CHRSDLNK");
+        assert_eq!(&b[9..11], &2u16.to_le_bytes());
+        assert_eq!(&b[11..27], &[0xab; 16]);
+        assert_eq!(&b[27..31], &5u32.to_le_bytes());
+        let q = HostFrame::Queued { upto: 9 }.encode();
+        assert_eq!(q, [&[QUEUED][..], &9u64.to_le_bytes()].concat());
+    }
+
+    #[test]
+    fn the_nonce_is_one_per_process_and_random() {
+        assert_eq!(process_nonce(), process_nonce());
+        assert_ne!(process_nonce(), [0; 16]);
+        // Another draw is another process's: 128 random bits never collide in a test.
+        assert_ne!(process_nonce(), rand::random::<[u8; 16]>());
     }
 
     #[test]
@@ -315,7 +396,7 @@ mod tests {
         ));
         let mut bytes = HostFrame::Hello(Hello {
             version: 1,
-            pid: 1,
+            nonce: [1; 16],
             rank: Rank(0),
             uuid: [0; 16],
             slot_bytes: 1,

@@ -39,7 +39,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::device::{Attached, CudaDevice};
 use crate::error::CudaError;
 use crate::health::{ABORT, LinkHealth, Origins, RETIRED_RECV, RETIRED_SEND};
-use crate::host_frame::{Hello, HostFrame, RegionInfo, VERSION};
+use crate::host_frame::{Hello, HostFrame, RegionInfo, VERSION, process_nonce};
 use crate::mapped::MappedHost;
 use crate::payload::{GpuPayload, Origin};
 use crate::region::{CONSUMED, PeerRegion, READY, RECV_RETIRED, Region, SEND_SKIP, SLOTS};
@@ -165,7 +165,7 @@ impl DeviceLink {
         let gpu = device.gpu().clone();
         let hello = Hello {
             version: VERSION,
-            pid: std::process::id(),
+            nonce: process_nonce(),
             rank: me,
             uuid: gpu.uuid(),
             slot_bytes: config.slot_bytes as u64,
@@ -196,7 +196,9 @@ impl DeviceLink {
                 hello.slots, hello.slot_bytes, theirs.slots, theirs.slot_bytes
             )));
         }
-        let same_process = theirs.pid == hello.pid;
+        // Not by PID: two processes in different PID namespaces can have the same one, and
+        // taking the peer for this process would read our own region as theirs.
+        let same_process = theirs.nonce == hello.nonce;
 
         gpu.bind()?;
         let new_stream = || {
@@ -228,10 +230,15 @@ impl DeviceLink {
             other => return Err(link_err(format!("expected region, got {other:?}"))),
         };
         let theirs = match (same_process, their_region.ipc) {
-            (true, _) => PeerRegion::Shared(
-                Region::lookup(their_region.token)
-                    .ok_or_else(|| link_err("the peer's region is gone".into()))?,
-            ),
+            (true, _) => {
+                let region = Region::lookup(their_region.token)
+                    .ok_or_else(|| link_err("the peer's region is gone".into()))?;
+                // Reading our own slots back as the peer's data would be silent garbage.
+                if Arc::ptr_eq(&region, &own) {
+                    return Err(link_err("the peer named this end's own region".into()));
+                }
+                PeerRegion::Shared(region)
+            }
             (false, Some(handle)) => PeerRegion::open(&gpu, handle)?,
             (false, None) => {
                 return Err(link_err(
