@@ -16,7 +16,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use chorus_cuda::testing::{World, block_on};
+use chorus_cuda::testing::{Stall, World, block_on};
 use chorus_cuda::{CudaDevice, Gpu, LinkConfig};
 use chorus_engine::device::Device;
 use chorus_engine::link::{CancelReason, Link};
@@ -251,7 +251,9 @@ fn main() {
     };
     for _ in 0..20 {
         let w = World::new(&devices, &cfg, &EngineConfig::default(), &root).unwrap();
-        w.link(1, 0).freeze_for_test();
+        // Rank 1 grants credit but its take-outs never run: rank 0's next messages wait on
+        // the device for slots that are never freed.
+        let stall = Stall::on(devices[1].gpu(), w.link(1, 0).receive_stream_for_test()).unwrap();
         let (e0, l0) = (&w.engines[0], w.link(0, 1));
         let count = 1 << 20;
         let mut buf = devices[0].buffer(count).unwrap();
@@ -273,6 +275,7 @@ fn main() {
         if !blocked {
             println!("(a run whose kernel never blocked; not counted)");
             w.cancel_links("bench");
+            drop(stall);
             continue;
         }
         // The waiting kernel records its retirement as it returns; then the work queued
@@ -286,6 +289,7 @@ fn main() {
         let _ = l0.flush(Duration::from_secs(2));
         drain.push(t0.elapsed().as_secs_f64() * 1e6);
         w.cancel_links("bench");
+        drop(stall);
         drop(buf);
         drop(w);
         for d in &devices {

@@ -93,10 +93,10 @@ pub fn get_or_compile(key: &Key, source: &str) -> Result<(Arc<Image>, bool), Cud
         Some(hit) => hit,
         None => {
             let (image, stored) = compile(key, source)?;
-            if let Some(d) = dir.as_deref() {
-                if let Err(e) = store(d, &stored, &image) {
-                    tracing::debug!(dir = %d.display(), error = %e, "kernel cache not written");
-                }
+            if let Some(d) = dir.as_deref()
+                && let Err(e) = store(d, &stored, &image)
+            {
+                tracing::debug!(dir = %d.display(), error = %e, "kernel cache not written");
             }
             let fp8 = stored.fp8_hw;
             (image, fp8)
@@ -213,7 +213,11 @@ mod tests {
     #[test]
     fn keys_differing_only_in_options_name_different_files() {
         let k = key(false);
-        assert_eq!(k.options, compile::options(k.target, false), "run-time options");
+        assert_eq!(
+            k.options,
+            compile::options(k.target, false),
+            "run-time options"
+        );
         let mut other = k.clone();
         other.options.push("--use_fast_math".into());
         assert_ne!(k, other);

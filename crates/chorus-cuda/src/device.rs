@@ -79,10 +79,7 @@ impl CudaDevice {
     /// A new rank on an opened GPU.
     pub fn on(gpu: Arc<Gpu>) -> Result<Self, CudaError> {
         gpu.bind()?;
-        let stream = gpu
-            .ctx
-            .new_stream()
-            .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
+        let stream = gpu.new_stream()?;
         let name = format!("cuda:{}", gpu.ordinal());
         let alloc = Arc::new(StreamAllocator::new(gpu.clone(), stream.clone()));
         Ok(CudaDevice {

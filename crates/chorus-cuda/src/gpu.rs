@@ -2,9 +2,10 @@
 //! the loaded kernels. Opened once per ordinal and shared by every rank (thread) on it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaContext, result, sys};
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
 use parking_lot::Mutex;
 
 use crate::cache::{self, Key};
@@ -24,6 +25,21 @@ pub struct Gpu {
     sm_count: u32,
     nvrtc: (u32, u32),
     pub(crate) kernels: Kernels,
+    /// Streams this process has made on the device (each rank: one main stream, two per
+    /// device link), against the hardware queues they map onto.
+    streams: AtomicUsize,
+    queues: usize,
+}
+
+/// The hardware queues streams map onto unless `CUDA_DEVICE_MAX_CONNECTIONS` says otherwise.
+pub const DEFAULT_HARDWARE_QUEUES: usize = 8;
+
+/// The hardware queues the driver gives a context, from `CUDA_DEVICE_MAX_CONNECTIONS` as
+/// the driver reads it (1 to 32; 8 when unset or unreadable).
+pub fn hardware_queues(var: Option<&str>) -> usize {
+    var.and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| (1..=32).contains(n))
+        .unwrap_or(DEFAULT_HARDWARE_QUEUES)
 }
 
 impl std::fmt::Debug for Gpu {
@@ -123,7 +139,29 @@ impl Gpu {
             sm_count,
             nvrtc,
             kernels,
+            streams: AtomicUsize::new(0),
+            queues: hardware_queues(std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().as_deref()),
         })
+    }
+
+    /// A new stream on this device. Past the hardware queues, streams share queues and a
+    /// kernel can wait behind another stream's: harmless for correctness, since no device
+    /// wait is queued before the work that ends it (`credit.rs`), but the links' copies may
+    /// then run one after another; said once, with the variable that sizes the queues.
+    pub(crate) fn new_stream(&self) -> Result<Arc<CudaStream>, CudaError> {
+        let stream = self
+            .ctx
+            .new_stream()
+            .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
+        if self.streams.fetch_add(1, Ordering::Relaxed) == self.queues {
+            tracing::info!(
+                ordinal = self.ordinal,
+                queues = self.queues,
+                "more streams than hardware queues; CUDA_DEVICE_MAX_CONNECTIONS=32 (set before \
+                 the process starts) gives each rank's links queues of their own"
+            );
+        }
+        Ok(stream)
     }
 
     /// The device ordinal.
@@ -195,4 +233,19 @@ fn unavailable(call: &str, e: cudarc::driver::DriverError) -> CudaError {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|_| format!("{:?}", e.0));
     CudaError::DeviceUnavailable(format!("{call} failed: {name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hardware_queues_follow_the_variable_as_the_driver_reads_it() {
+        assert_eq!(hardware_queues(None), 8);
+        assert_eq!(hardware_queues(Some("32")), 32);
+        assert_eq!(hardware_queues(Some(" 4 ")), 4);
+        assert_eq!(hardware_queues(Some("0")), 8, "out of the driver's range");
+        assert_eq!(hardware_queues(Some("64")), 8);
+        assert_eq!(hardware_queues(Some("many")), 8);
+    }
 }

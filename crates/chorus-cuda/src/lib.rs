@@ -20,13 +20,14 @@
 //!
 //! The non-default `testkit` feature adds `testing` (find a GPU or print the skip line, a
 //! minimal executor, worlds of engines over device links with a watchdog) and
-//! `DeviceLink::freeze_for_test`, for this crate's tests, its `gpu_bench` example and the
+//! `DeviceLink::freeze_for_test` / `receive_stream_for_test`, for this crate's tests, its `gpu_bench` example and the
 //! device check (`kernels/check.sh`). Test support only: never enable it in a library or
 //! binary.
 
 mod allocator;
 pub mod cache;
 pub mod compile;
+mod credit;
 pub mod device;
 pub mod error;
 pub mod gpu;

@@ -180,8 +180,13 @@ pub(crate) fn open_first(
         }
     }
     Err(CudaError::DeviceUnavailable(format!(
-        "{what} not found; searched {} (set LD_LIBRARY_PATH, CUDA_HOME or CHORUS_NVRTC)",
-        summarize(&tried)
+        "{what} not found; searched {} (set LD_LIBRARY_PATH{})",
+        summarize(&tried),
+        if what.contains("NVRTC") {
+            ", CUDA_HOME or CHORUS_NVRTC"
+        } else {
+            " or CUDA_HOME"
+        }
     )))
 }
 
@@ -217,7 +222,9 @@ fn nvrtc_dirs() -> Vec<PathBuf> {
         .filter_map(std::env::var_os)
         .map(PathBuf::from)
         .collect();
-    prefixes.extend(interpreter_prefix(std::env::args_os().next().map(PathBuf::from)));
+    prefixes.extend(interpreter_prefix(
+        std::env::args_os().next().map(PathBuf::from),
+    ));
     for prefix in prefixes {
         dirs.extend(wheel_dirs(&prefix));
     }

@@ -194,16 +194,15 @@ impl World {
 }
 
 /// A kernel holding a stream until released: work queued behind it waits (tests of the
-/// bounded and abortable waits).
-#[cfg(test)]
-pub(crate) struct Stall {
+/// bounded and abortable waits, and of a peer whose queued work never runs).
+pub struct Stall {
     words: Option<crate::mapped::MappedHost>,
     stream: Arc<cudarc::driver::CudaStream>,
 }
 
-#[cfg(test)]
 impl Stall {
-    pub(crate) fn on(
+    /// Queue the stall on `stream`.
+    pub fn on(
         gpu: &Arc<Gpu>,
         stream: &Arc<cudarc::driver::CudaStream>,
     ) -> Result<Stall, CudaError> {
@@ -224,14 +223,14 @@ impl Stall {
         })
     }
 
-    pub(crate) fn release(&self) {
+    /// Let the stream go on.
+    pub fn release(&self) {
         if let Some(w) = &self.words {
             w.store_u32(64, 1);
         }
     }
 }
 
-#[cfg(test)]
 impl Drop for Stall {
     fn drop(&mut self) {
         self.release();

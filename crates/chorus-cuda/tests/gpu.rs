@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use chorus_cuda::testing::{GpuEngine, World, block_on, gpu_or_skip};
+use chorus_cuda::testing::{GpuEngine, Stall, World, block_on, gpu_or_skip};
 use chorus_cuda::{CudaDevice, CudaError, DeviceLink, GpuBuffer, GpuMem, LinkConfig, reference};
 use chorus_engine::link::{CancelReason, Link};
 use chorus_engine::testkit::{
@@ -203,9 +203,10 @@ fn abort_retires_the_kernels_of_an_operation_blocked_on_an_absent_peer() {
     };
     let root = Context::root();
     let world = World::new(&devices, &small_links(), &EngineConfig::default(), &root).unwrap();
-    // Rank 1 never joins, and its link stops taking messages, as a frozen process would:
-    // rank 0's kernels that wait for free slots on it wait for ever.
-    world.link(1, 0).freeze_for_test();
+    // Rank 1 never joins, and the take-outs its link queues never run (a peer whose GPU
+    // work never comes, seed 002): it grants credit, so rank 0 queues its next messages, and
+    // rank 0's kernels that wait for those slots to be freed wait for ever.
+    let stall = Stall::on(devices[1].gpu(), world.link(1, 0).receive_stream_for_test()).unwrap();
     let e0 = &world.engines[0];
     let l0 = world.link(0, 1);
     let count = 1 << 20;
@@ -269,6 +270,8 @@ fn abort_retires_the_kernels_of_an_operation_blocked_on_an_absent_peer() {
     let err = devices[0].synchronize(T).unwrap_err();
     assert!(matches!(err, CudaError::Aborted { .. }), "{err}");
     world.cancel_links("test over");
+    stall.release();
+    drop(stall);
     drop(buf);
     drop(world);
     // A new communicator on the same context works.

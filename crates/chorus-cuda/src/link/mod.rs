@@ -1,14 +1,19 @@
 //! `DeviceLink`: two ranks on one GPU exchanging payloads through device memory.
 //!
-//! Each end owns a `Region` of slots. A send queues, on the link's send
-//! stream, for each slot-sized part: a wait until the peer has consumed the slot's previous
-//! message, a copy into the slot, and a signal raising `ready`; then it tells the peer's host
-//! (a `Sent` frame on the socket). The peer's reader thread queues, on its receive stream,
-//! the mirror image — wait for `ready`, copy out, signal `consumed` — and files the payload
-//! for `recv`. So the host never waits for the GPU, and the GPU waits only in `chorus_wait`,
-//! which also polls this end's abort word: [`Link::cancel`], a departure or a lost peer set
-//! it, and every wait on the peer returns at once (seed 002: NCCL could not do this, and a
-//! lost peer cost the context).
+//! Each end owns a `Region` of slots, and a payload travels as slot messages of at most one
+//! slot each. A send (`send.rs`) queues, on the link's send stream, for each part: a wait
+//! until the peer has taken the slot's previous message out, a copy into the slot, and a
+//! signal raising `ready`; the peer's reader thread (`reader.rs`) queues, on its receive
+//! stream, the mirror image — wait for `ready`, copy out, signal `consumed` — and files the
+//! payload for `recv`. The host keeps the slot credit (`credit.rs`, and the `Sent`, `Queued`
+//! and `Credit` frames of `host_frame.rs`): a part is queued only once the peer has queued
+//! the take-out that frees its slot, and a take-out only once its part is queued, so no
+//! device wait is queued ahead of the work that ends it and streams may share hardware
+//! queues (`CUDA_DEVICE_MAX_CONNECTIONS`) without deadlock. A send short of credit is a
+//! pending future on the host, woken by the peer's `Credit`; the host never waits for the
+//! GPU, and the GPU waits only in `chorus_wait`, which also polls this end's abort word:
+//! [`Link::cancel`], a departure or a lost peer set it, and every wait on the peer returns at
+//! once (seed 002: NCCL could not do this, and a lost peer cost the context).
 //!
 //! A retired wait never passes garbage off as data: a retired receive is recorded in the
 //! link's `LinkHealth`, which the payload carries, so the device that reads it fails its
@@ -21,7 +26,6 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::io::Write;
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::pin::Pin;
@@ -33,16 +37,23 @@ use std::time::{Duration, Instant};
 
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
 use chorus_protocol::{CloseCode, Rank};
-use cudarc::driver::{CudaStream, result};
+use cudarc::driver::CudaStream;
 use parking_lot::{Condvar, Mutex};
+
+mod reader;
+mod send;
+
+use send::Sends;
 
 use crate::device::{Attached, CudaDevice};
 use crate::error::CudaError;
-use crate::health::{ABORT, LinkHealth, Origins, RETIRED_RECV, RETIRED_SEND};
+use crate::health::{LinkHealth, Origins, RETIRED_RECV, RETIRED_SEND};
 use crate::host_frame::{Hello, HostFrame, RegionInfo, VERSION, process_nonce};
 use crate::mapped::MappedHost;
-use crate::payload::{GpuPayload, Origin};
-use crate::region::{CONSUMED, PeerRegion, READY, RECV_RETIRED, Region, SEND_SKIP, SLOTS};
+use crate::payload::GpuPayload;
+use crate::region::{PeerRegion, Region, SLOTS};
+#[cfg(test)]
+use crate::region::{READY, SEND_SKIP};
 use crate::sync;
 
 /// Slot geometry and the link's deadlines.
@@ -121,10 +132,16 @@ struct LinkCore {
     slot_bytes: u64,
     slots: u64,
     socket: UnixStream,
-    /// Held while a send queues its work and writes its frame, so frames leave in sequence.
-    tx: Mutex<u64>,
-    /// Messages taken out of the peer's slots (the reader thread's counter).
-    rx_seq: AtomicU64,
+    /// The sends' turns and the slot messages queued (`send.rs`).
+    sends: Mutex<Sends>,
+    /// Sends waiting for credit.
+    credit_wakers: Mutex<Vec<Waker>>,
+    /// Slot messages this end has told the peer it queued (the peer's credit cannot pass it).
+    queued: AtomicU64,
+    /// The peer's credit: slot messages whose take-out it has queued.
+    credit: AtomicU64,
+    /// Held while a frame is written, so frames from the sends and the reader never mix.
+    wr: Mutex<()>,
     mailbox: Mutex<Mailbox>,
     cancelled: OnceLock<CancelReason>,
     /// Set when the peer failed or sent garbage (not on an orderly departure).
@@ -201,13 +218,8 @@ impl DeviceLink {
         let same_process = theirs.nonce == hello.nonce;
 
         gpu.bind()?;
-        let new_stream = || {
-            gpu.ctx
-                .new_stream()
-                .map_err(|e| CudaError::driver("cuStreamCreate", e))
-        };
-        let send_stream = new_stream()?;
-        let recv_stream = new_stream()?;
+        let send_stream = gpu.new_stream()?;
+        let recv_stream = gpu.new_stream()?;
         let own = Region::new(&gpu, &send_stream, config.region_bytes(), !same_process)?;
         sync::drain(
             &[&send_stream],
@@ -269,8 +281,11 @@ impl DeviceLink {
             slot_bytes: config.slot_bytes as u64,
             slots: config.slots as u64,
             socket,
-            tx: Mutex::new(0),
-            rx_seq: AtomicU64::new(0),
+            sends: Mutex::new(Sends::default()),
+            credit_wakers: Mutex::new(Vec::new()),
+            queued: AtomicU64::new(0),
+            credit: AtomicU64::new(0),
+            wr: Mutex::new(()),
             mailbox: Mutex::new(Mailbox::default()),
             cancelled: OnceLock::new(),
             failure: OnceLock::new(),
@@ -304,6 +319,14 @@ impl DeviceLink {
         self.core.frozen.store(true, Ordering::SeqCst);
     }
 
+    /// The stream this end takes the peer's messages out on (tests and the device check stall
+    /// it, to leave the peer's sends waiting on the device for slots never freed).
+    /// Test support: only with the `testkit` feature.
+    #[cfg(feature = "testkit")]
+    pub fn receive_stream_for_test(&self) -> &Arc<CudaStream> {
+        &self.core.recv_stream
+    }
+
     /// Wait (at most `timeout`) until this link's streams have run what is queued on them.
     pub fn flush(&self, timeout: Duration) -> Result<(), CudaError> {
         sync::drain(
@@ -329,8 +352,7 @@ impl Link<GpuPayload> for DeviceLink {
     }
 
     fn send(&self, tag: Tag, payload: GpuPayload) -> LinkFuture<'_, ()> {
-        let r = self.core.send(tag, payload);
-        Box::pin(std::future::ready(r))
+        Box::pin(self.core.send_op(tag, payload))
     }
 
     fn recv(&self, tag: Tag) -> LinkFuture<'_, GpuPayload> {
@@ -360,6 +382,7 @@ impl LinkCore {
         self.set_abort();
         let _ = self.socket.shutdown(Shutdown::Both);
         self.close_mailbox(err);
+        self.wake_senders();
     }
 
     fn close_mailbox(&self, err: LinkError) {
@@ -383,231 +406,6 @@ impl LinkCore {
         self.mailbox.lock().closed.clone()
     }
 
-    fn send(&self, tag: Tag, payload: GpuPayload) -> Result<(), LinkError> {
-        if let Some(e) = self.unusable() {
-            return Err(e);
-        }
-        let mut seq = self.tx.lock();
-        let (ptr, len, ready, origin) = payload.take();
-        let queued = self.queue_send(&mut seq, ptr, len as u64, ready.as_ref(), origin);
-        if ptr != 0 {
-            // Free behind the copies on the send stream (which waited for the payload).
-            // SAFETY: allocated by cuMemAllocAsync, freed once, every use ordered before.
-            if let Err(e) = unsafe { result::free_async(ptr, self.send_stream.cu_stream()) } {
-                tracing::warn!(error = ?e, "freeing a sent payload failed");
-            }
-        }
-        if let Err(e) = queued {
-            let err = LinkError::ConnectionLost {
-                detail: format!("queueing a send failed: {e}"),
-            };
-            self.fail(err.clone());
-            return Err(err);
-        }
-        if let Err(e) = (HostFrame::Sent {
-            tag,
-            len: len as u64,
-        })
-        .write_to(&mut &self.socket)
-        {
-            let err = LinkError::ConnectionLost {
-                detail: format!("telling the peer about a send: {e}"),
-            };
-            self.fail(err.clone());
-            return Err(err);
-        }
-        Ok(())
-    }
-
-    fn queue_send(
-        &self,
-        seq: &mut u64,
-        ptr: u64,
-        len: u64,
-        ready: Option<&cudarc::driver::CudaEvent>,
-        origin: Option<Origin>,
-    ) -> Result<(), CudaError> {
-        let k = &self.device.gpu().kernels;
-        let s = &*self.send_stream;
-        let skip = self.own.ptr + SEND_SKIP;
-        self.device.gpu().bind()?;
-        if let Some(ev) = ready {
-            s.wait(ev)
-                .map_err(|e| CudaError::driver("cuStreamWaitEvent", e))?;
-        }
-        if len > 0
-            && let Some((from, last)) = origin
-        {
-            // Forwarding what another link received: if an abort retired a wait for its
-            // bytes, stop sending here rather than pass them on as data.
-            k.gate(s, skip, from.recv_retired_dev(), last)?;
-            self.origins.hold(&from);
-        }
-        let mut done = 0u64;
-        while done < len {
-            let part = (len - done).min(self.slot_bytes);
-            let n = *seq;
-            if n >= self.slots {
-                k.wait(
-                    s,
-                    self.theirs.ptr() + CONSUMED,
-                    n + 1 - self.slots,
-                    self.health.word_ptr(ABORT),
-                    self.health.word_ptr(RETIRED_SEND),
-                    n + 1,
-                    skip,
-                )?;
-            }
-            let slot = self.own.ptr + SLOTS + (n % self.slots) * self.slot_bytes;
-            k.put(s, slot, ptr + done, part, skip)?;
-            k.signal(s, self.own.ptr + READY, n + 1, skip)?;
-            *seq = n + 1;
-            done += part;
-        }
-        Ok(())
-    }
-
-    /// Queue taking a `len`-byte message out of the peer's slots; the payload's event marks
-    /// when its bytes are there.
-    fn queue_receive(&self, len: u64) -> Result<GpuPayload, CudaError> {
-        let gpu = self.device.gpu();
-        let k = &gpu.kernels;
-        let s = &*self.recv_stream;
-        gpu.bind()?;
-        let ptr = if len == 0 {
-            0
-        } else {
-            // SAFETY: an allocation on the receive stream, used there and then by streams
-            // that wait for the payload's event; freed once by the payload.
-            unsafe { result::malloc_async(s.cu_stream(), len as usize) }.map_err(|e| {
-                CudaError::OutOfMemory {
-                    bytes: len as usize,
-                    detail: format!("cuMemAllocAsync: {e:?}"),
-                }
-            })?
-        };
-        let mut payload = GpuPayload {
-            ptr,
-            len: len as usize,
-            ready: None,
-            alloc: self.device.inner.alloc.clone(),
-            origin: None,
-        };
-        let mut done = 0u64;
-        while done < len {
-            let part = (len - done).min(self.slot_bytes);
-            let n = self.rx_seq.load(Ordering::Relaxed);
-            k.wait(
-                s,
-                self.theirs.ptr() + READY,
-                n + 1,
-                self.health.word_ptr(ABORT),
-                self.health.word_ptr(RETIRED_RECV),
-                n + 1,
-                self.own.ptr + RECV_RETIRED,
-            )?;
-            let slot = self.theirs.ptr() + SLOTS + (n % self.slots) * self.slot_bytes;
-            k.copy(s, ptr + done, slot, part)?;
-            // Even after a retired wait: the slot is free for the peer (its bytes are not
-            // used as data here), so the peer's own waits for space do not stall on us.
-            k.signal(s, self.own.ptr + CONSUMED, n + 1, 0)?;
-            self.rx_seq.store(n + 1, Ordering::Relaxed);
-            done += part;
-            payload.origin = Some((self.health.clone(), n + 1));
-        }
-        payload.ready = Some(sync::mark(s)?);
-        Ok(payload)
-    }
-
-    fn read_loop(self: Arc<Self>) {
-        self.read_frames();
-        let (lock, cv) = &self.reader_done;
-        *lock.lock() = true;
-        cv.notify_all();
-    }
-
-    fn read_frames(&self) {
-        loop {
-            let frame = HostFrame::read_from(&mut &self.socket);
-            if self.cancelled.get().is_some() {
-                return;
-            }
-            while self.frozen.load(Ordering::SeqCst) && !self.abort_word_set() {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            if self.cancelled.get().is_some() || self.frozen.load(Ordering::SeqCst) {
-                return;
-            }
-            match frame {
-                Ok(Some(HostFrame::Sent { tag, len })) => {
-                    let held = self.mailbox.lock().held_bytes;
-                    if held.saturating_add(len) > self.config.max_held_bytes {
-                        self.fail(LinkError::Overflow {
-                            bytes: held.saturating_add(len),
-                            limit: self.config.max_held_bytes,
-                        });
-                        return;
-                    }
-                    match self.queue_receive(len) {
-                        Ok(payload) => {
-                            let wakers = {
-                                let mut m = self.mailbox.lock();
-                                m.held_bytes += len;
-                                m.held.push_back((tag, payload));
-                                std::mem::take(&mut m.wakers)
-                            };
-                            wakers.into_iter().for_each(Waker::wake);
-                        }
-                        Err(e) => {
-                            self.fail(LinkError::ConnectionLost {
-                                detail: format!("queueing a receive failed: {e}"),
-                            });
-                            return;
-                        }
-                    }
-                }
-                Ok(Some(HostFrame::Depart { code, detail })) => {
-                    let err = LinkError::PeerDeparted { code, detail };
-                    if code != CloseCode::NORMAL {
-                        let _ = self.failure.set(err.clone());
-                    }
-                    // Waits for messages the peer announced are already satisfied (it drained
-                    // before departing); any later wait on it must not spin.
-                    self.set_abort();
-                    self.close_mailbox(err);
-                    return;
-                }
-                Ok(None) => {
-                    self.fail(LinkError::ConnectionLost {
-                        detail: "the peer closed its socket without departing".into(),
-                    });
-                    return;
-                }
-                Ok(Some(other)) => {
-                    let _ = (&self.socket).write_all(
-                        &HostFrame::Depart {
-                            code: CloseCode::PROTOCOL_VIOLATION,
-                            detail: "unexpected frame".into(),
-                        }
-                        .encode(),
-                    );
-                    self.fail(LinkError::Protocol {
-                        code: CloseCode::PROTOCOL_VIOLATION,
-                        detail: format!("unexpected frame after the handshake: {other:?}"),
-                    });
-                    return;
-                }
-                Err(e) => {
-                    self.fail(LinkError::Protocol {
-                        code: CloseCode::PROTOCOL_VIOLATION,
-                        detail: e.to_string(),
-                    });
-                    return;
-                }
-            }
-        }
-    }
-
     fn cancel(&self, reason: CancelReason) {
         if self.cancelled.set(reason.clone()).is_err() {
             return;
@@ -616,7 +414,7 @@ impl LinkCore {
         self.set_abort();
         // Best effort and never blocking: if a send holds the socket, the peer sees the
         // shutdown instead of the departure frame.
-        if let Some(_guard) = self.tx.try_lock() {
+        if let Some(_guard) = self.wr.try_lock() {
             let _ = self
                 .socket
                 .set_write_timeout(Some(Duration::from_millis(100)));
@@ -628,6 +426,7 @@ impl LinkCore {
         }
         let _ = self.socket.shutdown(Shutdown::Both);
         self.close_mailbox(LinkError::Cancelled(reason));
+        self.wake_senders();
     }
 
     fn drain(&self, timeout: Duration) -> Result<(), CudaError> {
@@ -711,7 +510,7 @@ impl Drop for DeviceLink {
             drained = core.drain(t);
         }
         if healthy && !core.abort_word_set() {
-            let _seq = core.tx.lock();
+            let _w = core.wr.lock();
             let _ = (HostFrame::Depart {
                 code: CloseCode::NORMAL,
                 detail: "link closed".into(),
@@ -840,20 +639,64 @@ mod tests {
     }
 
     #[test]
+    fn a_send_short_of_credit_waits_on_the_host_and_never_on_the_device() {
+        let Some((devs, links)) = pair() else {
+            return;
+        };
+        let (l0, l1) = (&links[0][0], &links[1][0]);
+        // Rank 1 stops reading: it takes nothing out and grants no credit.
+        l1.freeze_for_test();
+        let src = devs[0].buffer(64 << 10).unwrap();
+        // Two sends fill both slots; the third has no credit.
+        for step in 0..2 {
+            let p = devs[0].pack(&src, 0, 64 << 10).unwrap();
+            block_on(l0.send(tag(step), p)).unwrap();
+        }
+        let p = devs[0].pack(&src, 0, 64 << 10).unwrap();
+        let mut third = l0.send(tag(2), p);
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(
+            third.as_mut().poll(&mut cx).is_pending(),
+            "sent without credit"
+        );
+        // Nothing waits on the device: no wait was queued for a slot not yet freed.
+        l0.flush(T).unwrap();
+        assert_eq!(l0.core.queued.load(Ordering::Acquire), 2);
+        l0.cancel(CancelReason::new(CloseCode::ABORTED, "test abort"));
+        let Poll::Ready(Err(LinkError::Cancelled(_))) = third.as_mut().poll(&mut cx) else {
+            panic!("the pending send did not end with the cancel");
+        };
+        assert_eq!(l0.retired(), (0, 0), "no device wait had to retire");
+        drop(third);
+        l1.cancel(CancelReason::new(CloseCode::ABORTED, "test over"));
+        drop(src);
+        for d in &devs {
+            let _ = d.synchronize(T);
+        }
+    }
+
+    #[test]
     fn a_retired_send_puts_and_signals_nothing_more() {
         let Some((devs, links)) = pair() else {
             return;
         };
         let (l0, l1) = (&links[0][0], &links[1][0]);
-        l1.freeze_for_test();
+        // Rank 1 grants credit, but the take-outs it queued never run: rank 0's third
+        // message waits on the device for a slot that is never freed.
+        let stall = Stall::on(devs[1].gpu(), &l1.core.recv_stream).unwrap();
         let src = devs[0].buffer(64 << 10).unwrap();
-        // Two sends fill both slots; the third waits for a slot the frozen peer never frees.
-        for step in 0..4 {
+        for step in 0..3 {
             let p = devs[0].pack(&src, 0, 64 << 10).unwrap();
             block_on(l0.send(tag(step), p)).unwrap();
         }
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(l0.flush(Duration::from_micros(1)).is_err(), "not blocked");
+        let t = Instant::now();
+        while l0.flush(Duration::from_micros(1)).is_ok() {
+            assert!(
+                t.elapsed() < T,
+                "the third message never waited on the device"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         l0.cancel(CancelReason::new(CloseCode::ABORTED, "test abort"));
         l0.flush(T).unwrap();
         assert_eq!(l0.retired().0, 3, "the third message's wait retired first");
@@ -864,6 +707,8 @@ mod tests {
         assert_eq!(word(READY), 2, "nothing signalled past the retired wait");
         assert_eq!(word(SEND_SKIP), 3);
         l1.cancel(CancelReason::new(CloseCode::ABORTED, "test over"));
+        stall.release();
+        drop(stall);
         drop(src);
         for d in &devs {
             let _ = d.synchronize(T);
