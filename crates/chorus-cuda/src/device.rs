@@ -37,9 +37,9 @@ pub struct CudaDevice {
 pub(crate) trait Attached: Send + Sync {
     /// Its streams, to be drained by the device's synchronisation.
     fn streams(&self) -> Vec<Arc<CudaStream>>;
-    /// `Some(peer)` if it was aborted or its peer failed: the data it carried since then is
-    /// not the peer's.
-    fn failed(&self) -> Option<(Rank, String)>;
+    /// `Some(peer)`, once, if it was aborted or lost its peer with device waits retired: some
+    /// of the data it carried is not the peer's.
+    fn take_failure(&self) -> Option<(Rank, String)>;
 }
 
 /// How long [`Device::settle`] waits for an operation's work unless told otherwise
@@ -109,8 +109,9 @@ impl CudaDevice {
     /// Wait until everything queued so far on this rank's streams (main and attached links)
     /// has run, for at most `timeout`. Fails with [`CudaError::Timeout`] if the work is still
     /// queued (nothing is cancelled: abort the links to retire waits on a peer), or
-    /// [`CudaError::Aborted`] if a link attached to this device was aborted or lost its peer,
-    /// so the data it carried is partial.
+    /// [`CudaError::Aborted`] if a link attached to this device was aborted or lost its peer
+    /// and retired device waits, so data it carried is partial. Each such link is reported
+    /// by one synchronisation: a cancelled link does not fail every later one.
     pub fn synchronize(&self, timeout: Duration) -> Result<(), CudaError> {
         let inner = &self.inner;
         let live = inner.live_attached();
@@ -126,7 +127,8 @@ impl CudaDevice {
             &format!("stream synchronize on {}", inner.name),
         )?;
         inner.syncs.fetch_add(1, Ordering::Relaxed);
-        if let Some((peer, detail)) = live.iter().find_map(|a| a.failed()) {
+        let failures: Vec<(Rank, String)> = live.iter().filter_map(|a| a.take_failure()).collect();
+        if let Some((peer, detail)) = failures.into_iter().next() {
             return Err(CudaError::Aborted {
                 what: format!("work on {} ({detail})", inner.name),
                 peer,
@@ -149,29 +151,32 @@ impl CudaDevice {
 
     /// Wait until the main stream has run everything queued on it so far, for at most the
     /// settle timeout and only while `abandon` says no; then check that no payload read on it
-    /// since the last settle held bytes an abort kept from arriving. This is the engine's
-    /// completion: after `Ok`, every buffer the operations wrote holds their result. The
-    /// links' own streams may still be moving this rank's sends; they need not finish for
-    /// this rank's buffers to be final.
+    /// outside an engine operation ([`Device::unpack`] called directly) since the last such
+    /// settle held bytes an abort kept from arriving. After `Ok`, every buffer those reads
+    /// wrote holds their result. The links' own streams may still be moving this rank's
+    /// sends; they need not finish for this rank's buffers to be final.
     pub fn settle_unless(&self, abandon: &dyn Fn() -> bool) -> Result<(), CudaError> {
+        self.settle_reads(&None, abandon)
+    }
+
+    /// The settle of operation `op` (`None`: reads made outside the engine): wait for the
+    /// main stream, then judge `op`'s reads, and only its. A failed wait fails the operation,
+    /// and its reads go with it: they are no later operation's to answer for.
+    fn settle_reads(
+        &self,
+        op: &Option<Context>,
+        abandon: &dyn Fn() -> bool,
+    ) -> Result<(), CudaError> {
         let inner = &self.inner;
         // Taken before the mark: every payload noted here had its read queued before it.
-        let read = inner.read.take();
-        let waited = sync::mark(&inner.stream).and_then(|done| {
-            sync::wait_all_unless(
-                std::slice::from_ref(&done),
-                self.settle_timeout(),
-                &format!("settling the operation's work on {}", inner.name),
-                abandon,
-            )
-        });
-        if let Err(e) = waited {
-            // Not yet known to be good: the next settle checks these reads again.
-            for (link, last) in &read {
-                inner.read.note(link, *last);
-            }
-            return Err(e);
-        }
+        let read = inner.read.take(op);
+        let done = sync::mark(&inner.stream)?;
+        sync::wait_all_unless(
+            std::slice::from_ref(&done),
+            self.settle_timeout(),
+            &format!("settling the operation's work on {}", inner.name),
+            abandon,
+        )?;
         inner.syncs.fetch_add(1, Ordering::Relaxed);
         if let Some((link, _)) = read.iter().find(|(link, last)| link.spoiled(*last)) {
             return Err(CudaError::Aborted {
@@ -435,12 +440,7 @@ impl Device for CudaDevice {
         off: usize,
         payload: &GpuPayload,
     ) -> Result<(), DeviceError> {
-        let d = dst.at(off, payload.len)?;
-        self.after(payload)?;
-        self.kernels()
-            .copy(&self.inner.stream, d, payload.ptr, payload.len as u64)?;
-        self.note(payload);
-        Ok(())
+        self.read_into(&None, dst, off, payload, None)
     }
 
     fn unpack_reduce(
@@ -451,28 +451,69 @@ impl Device for CudaDevice {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), DeviceError> {
-        has_kernel(op, dtype)?;
-        let n = elements(&[off], payload.len, dtype)?;
-        let d = dst.at(off, payload.len)?;
-        self.after(payload)?;
-        self.kernels()
-            .reduce(&self.inner.stream, dtype, op, d, payload.ptr, n)?;
-        self.note(payload);
-        Ok(())
+        self.read_into(&None, dst, off, payload, Some((dtype, op)))
+    }
+
+    fn unpack_for(
+        &self,
+        op: &Context,
+        dst: &mut GpuMem,
+        off: usize,
+        payload: &GpuPayload,
+    ) -> Result<(), DeviceError> {
+        self.read_into(&Some(op.clone()), dst, off, payload, None)
+    }
+
+    fn unpack_reduce_for(
+        &self,
+        op: &Context,
+        dst: &mut GpuMem,
+        off: usize,
+        payload: &GpuPayload,
+        dtype: DType,
+        reduce: ReduceOp,
+    ) -> Result<(), DeviceError> {
+        self.read_into(&Some(op.clone()), dst, off, payload, Some((dtype, reduce)))
+    }
+
+    fn forget(&self, op: &Context) {
+        self.inner.read.forget(&Some(op.clone()));
     }
 
     fn settle(&self, op: &Context) -> Result<(), DeviceError> {
-        Ok(self.settle_unless(&|| op.is_aborted())?)
+        Ok(self.settle_reads(&Some(op.clone()), &|| op.is_aborted())?)
     }
 }
 
 impl CudaDevice {
-    /// Record that a payload's bytes were read on the main stream (after queueing the read),
-    /// for the next settle to check.
-    fn note(&self, payload: &GpuPayload) {
-        if let Some((link, last)) = &payload.origin {
-            self.inner.read.note(link, *last);
+    /// Queue `dst[off..] = payload` (or its reduction into `dst`) behind the payload's bytes,
+    /// and record the read for `op`'s settle to judge.
+    fn read_into(
+        &self,
+        op: &Option<Context>,
+        dst: &mut GpuMem,
+        off: usize,
+        payload: &GpuPayload,
+        reduce: Option<(DType, ReduceOp)>,
+    ) -> Result<(), DeviceError> {
+        let d = dst.at(off, payload.len)?;
+        let reduce = match reduce {
+            Some((dtype, rop)) => {
+                has_kernel(rop, dtype)?;
+                Some((dtype, rop, elements(&[off], payload.len, dtype)?))
+            }
+            None => None,
+        };
+        self.after(payload)?;
+        let (k, s) = (self.kernels(), &self.inner.stream);
+        match reduce {
+            Some((dtype, rop, n)) => k.reduce(s, dtype, rop, d, payload.ptr, n)?,
+            None => k.copy(s, d, payload.ptr, payload.len as u64)?,
         }
+        if let Some((link, last)) = &payload.origin {
+            self.inner.read.note(op, link, *last);
+        }
+        Ok(())
     }
 
     /// Make the main stream wait for a payload's bytes.

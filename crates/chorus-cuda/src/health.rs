@@ -5,9 +5,12 @@
 //! A retired wait records its message's generation (1-based index) as the first retired
 //! one; the abort word is one-way, so every later message on that link is suspect too, and a
 //! payload whose last message is at or after the first retired generation is spoiled.
+//! Which operation read what (`Reads`) is kept per operation, so an operation is judged by
+//! its own reads: never by those of one that failed before it or runs beside it.
 
 use std::sync::{Arc, Weak};
 
+use chorus_engine::context::Context;
 use chorus_protocol::Rank;
 use parking_lot::Mutex;
 
@@ -75,14 +78,37 @@ pub(crate) fn spoiled(first_retired: u64, last: u64) -> bool {
     first_retired != 0 && first_retired <= last
 }
 
-/// The payloads a device has read since it last settled: for each link they came through,
-/// the latest generation read. Weak, so the record never keeps a dropped link's memory: a link
-/// is alive while an operation that reads through it is.
-pub(crate) struct Reads<T> {
-    read: Mutex<Vec<(Weak<T>, u64)>>,
+/// The payloads a device's operations have read and not yet answered for: for each operation
+/// (`K`: its context, or `None` for reads made outside the engine) and each link they came
+/// through, the latest generation read. An operation's settle takes its own entries and no
+/// other's; an operation that failed forgets its own. Weak, so the record never keeps a
+/// dropped link's memory: a link is alive while an operation that reads through it is.
+pub(crate) struct Reads<T, K = Option<Context>> {
+    read: Mutex<Vec<Entry<T, K>>>,
 }
 
-impl<T> Default for Reads<T> {
+struct Entry<T, K> {
+    op: K,
+    link: Weak<T>,
+    last: u64,
+}
+
+/// What names an operation in the record.
+pub(crate) trait OpKey: Clone {
+    fn same(&self, other: &Self) -> bool;
+}
+
+impl OpKey for Option<Context> {
+    fn same(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Some(a), Some(b)) => a.same(b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+impl<T, K> Default for Reads<T, K> {
     fn default() -> Self {
         Reads {
             read: Mutex::new(Vec::new()),
@@ -90,27 +116,42 @@ impl<T> Default for Reads<T> {
     }
 }
 
-impl<T> Reads<T> {
-    /// Record that a payload through `link` ending at generation `last` has been read (call
-    /// after queueing the read, so a settle that takes the record first covers it).
-    pub(crate) fn note(&self, link: &Arc<T>, last: u64) {
+impl<T, K: OpKey> Reads<T, K> {
+    /// Record that operation `op` has read a payload through `link` ending at generation
+    /// `last` (call after queueing the read, so a settle that takes the record first covers
+    /// it).
+    pub(crate) fn note(&self, op: &K, link: &Arc<T>, last: u64) {
         let mut read = self.read.lock();
-        read.retain(|(w, _)| w.strong_count() > 0);
+        read.retain(|e| e.link.strong_count() > 0);
         match read
             .iter_mut()
-            .find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(link)))
+            .find(|e| e.op.same(op) && std::ptr::eq(e.link.as_ptr(), Arc::as_ptr(link)))
         {
-            Some((_, at)) => *at = (*at).max(last),
-            None => read.push((Arc::downgrade(link), last)),
+            Some(e) => e.last = e.last.max(last),
+            None => read.push(Entry {
+                op: op.clone(),
+                link: Arc::downgrade(link),
+                last,
+            }),
         }
     }
 
-    /// Everything recorded so far, leaving the record empty.
-    pub(crate) fn take(&self) -> Vec<(Arc<T>, u64)> {
-        let read = std::mem::take(&mut *self.read.lock());
-        read.into_iter()
-            .filter_map(|(w, last)| w.upgrade().map(|l| (l, last)))
-            .collect()
+    /// Everything recorded for `op`, leaving none of it (and all the others') in the record.
+    pub(crate) fn take(&self, op: &K) -> Vec<(Arc<T>, u64)> {
+        let mut taken = Vec::new();
+        self.read.lock().retain(|e| {
+            if !e.op.same(op) {
+                return true;
+            }
+            taken.extend(e.link.upgrade().map(|l| (l, e.last)));
+            false
+        });
+        taken
+    }
+
+    /// Drop everything recorded for `op`.
+    pub(crate) fn forget(&self, op: &K) {
+        self.read.lock().retain(|e| !e.op.same(op));
     }
 }
 
@@ -157,34 +198,91 @@ mod tests {
         assert!(spoiled(1, 1));
     }
 
+    impl OpKey for u32 {
+        fn same(&self, other: &Self) -> bool {
+            self == other
+        }
+    }
+
     #[test]
     fn the_reads_keep_the_latest_generation_per_link_and_empty_on_take() {
-        let reads = Reads::default();
+        let reads = Reads::<u8, u32>::default();
         let (a, b) = (Arc::new(1u8), Arc::new(2u8));
-        reads.note(&a, 3);
-        reads.note(&b, 7);
-        reads.note(&a, 9);
-        reads.note(&a, 4);
-        let mut got: Vec<(u8, u64)> = reads.take().into_iter().map(|(l, g)| (*l, g)).collect();
+        reads.note(&0, &a, 3);
+        reads.note(&0, &b, 7);
+        reads.note(&0, &a, 9);
+        reads.note(&0, &a, 4);
+        let mut got: Vec<(u8, u64)> = reads.take(&0).into_iter().map(|(l, g)| (*l, g)).collect();
         got.sort_unstable();
         assert_eq!(got, vec![(1, 9), (2, 7)]);
-        assert!(reads.take().is_empty(), "taken");
-        reads.note(&a, 1);
-        assert_eq!(reads.take().len(), 1);
+        assert!(reads.take(&0).is_empty(), "taken");
+        reads.note(&0, &a, 1);
+        assert_eq!(reads.take(&0).len(), 1);
+    }
+
+    #[test]
+    fn each_operation_answers_only_for_its_own_reads() {
+        let reads = Reads::<u8, u32>::default();
+        let (old, new) = (Arc::new(1u8), Arc::new(2u8));
+        // Operation 1 read through a link an abort later spoiled, and failed.
+        reads.note(&1, &old, 5);
+        // Operation 2, concurrent or later, on another link and on the same one.
+        reads.note(&2, &new, 3);
+        reads.note(&2, &old, 2);
+        let mut two: Vec<(u8, u64)> = reads.take(&2).into_iter().map(|(l, g)| (*l, g)).collect();
+        two.sort_unstable();
+        assert_eq!(
+            two,
+            vec![(1, 2), (2, 3)],
+            "operation 2's, at its own generations"
+        );
+        // Operation 1 failed without settling: it forgets, and a later settle sees nothing.
+        reads.forget(&1);
+        assert!(reads.take(&1).is_empty());
+        reads.note(&3, &new, 4);
+        assert_eq!(reads.take(&3).len(), 1);
+        assert!(reads.read.lock().is_empty());
+    }
+
+    #[test]
+    fn engine_operations_and_direct_reads_are_apart() {
+        let reads = Reads::<u8>::default();
+        let root = Context::root();
+        let (a, b) = (root.child(), root.child());
+        let link = Arc::new(1u8);
+        reads.note(&Some(a.clone()), &link, 1);
+        reads.note(&None, &link, 2);
+        assert_eq!(reads.take(&Some(b)).len(), 0);
+        assert_eq!(
+            reads
+                .take(&None)
+                .into_iter()
+                .map(|(_, g)| g)
+                .collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert_eq!(
+            reads
+                .take(&Some(a))
+                .into_iter()
+                .map(|(_, g)| g)
+                .collect::<Vec<_>>(),
+            vec![1]
+        );
     }
 
     #[test]
     fn the_reads_forget_dropped_links_and_keeps_none_alive() {
-        let reads = Reads::default();
+        let reads = Reads::<u8, u32>::default();
         let a = Arc::new(1u8);
         let weak = Arc::downgrade(&a);
-        reads.note(&a, 2);
+        reads.note(&0, &a, 2);
         drop(a);
         assert!(weak.upgrade().is_none(), "the record held the link");
-        assert!(reads.take().is_empty());
+        assert!(reads.take(&0).is_empty());
         // Dead entries are pruned as new ones arrive, so the record stays small.
         for i in 0..100 {
-            reads.note(&Arc::new(i as u8), 1);
+            reads.note(&0, &Arc::new(i as u8), 1);
         }
         assert!(reads.read.lock().len() <= 1);
     }

@@ -282,6 +282,11 @@ impl Context {
         }
     }
 
+    /// True if `self` and `other` are handles to the same node (one operation's context, say).
+    pub fn same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.node, &other.node)
+    }
+
     /// Number of live children (for tests and diagnostics: finished operations must not
     /// accumulate in their communicator's context).
     pub fn child_count(&self) -> usize {
@@ -416,6 +421,15 @@ mod tests {
         assert_eq!(root.child_count(), 100);
         drop(kids);
         assert_eq!(root.child_count(), 0);
+    }
+
+    #[test]
+    fn same_is_node_identity() {
+        let root = Context::root();
+        let a = root.child();
+        assert!(a.same(&a.clone()));
+        assert!(!a.same(&root.child()));
+        assert!(!a.same(&root));
     }
 
     #[test]

@@ -129,6 +129,43 @@ pub trait Device: Send + Sync + 'static {
         op: ReduceOp,
     ) -> Result<(), DeviceError>;
 
+    /// [`Device::unpack`] as part of operation `op` (its context): the form the engine calls,
+    /// so that a device that judges at [`Device::settle`] what each operation read (a GPU,
+    /// whose reads an abort can leave partial) keeps each operation's record apart from the
+    /// others'. By default, `unpack`.
+    fn unpack_for(
+        &self,
+        op: &Context,
+        dst: &mut Self::Mem,
+        off: usize,
+        payload: &Self::Payload,
+    ) -> Result<(), DeviceError> {
+        let _ = op;
+        self.unpack(dst, off, payload)
+    }
+
+    /// [`Device::unpack_reduce`] as part of operation `op`, as [`Device::unpack_for`].
+    #[allow(clippy::too_many_arguments)]
+    fn unpack_reduce_for(
+        &self,
+        op: &Context,
+        dst: &mut Self::Mem,
+        off: usize,
+        payload: &Self::Payload,
+        dtype: DType,
+        reduce: ReduceOp,
+    ) -> Result<(), DeviceError> {
+        let _ = op;
+        self.unpack_reduce(dst, off, payload, dtype, reduce)
+    }
+
+    /// Operation `op` ended without a successful [`Device::settle`] (it failed, and says its
+    /// output is partial): drop whatever the device recorded for it, so that no later
+    /// operation is judged by it. By default, nothing.
+    fn forget(&self, op: &Context) {
+        let _ = op;
+    }
+
     /// Wait until the work this rank's device calls have queued is done, or say why it
     /// cannot be. The engine calls it once at the end of every operation whose sends and
     /// receives all succeeded, and reports `Ok` only if it returns `Ok`: a device that queues

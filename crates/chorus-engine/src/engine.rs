@@ -582,6 +582,8 @@ where
         match &result {
             Ok(()) => p.progress.set_state(OpState::Done),
             Err(e) => {
+                // Its reads are not the next operation's to answer for.
+                self.device.forget(p.progress.context());
                 let aborted = matches!(e.kind, OpErrorKind::Aborted(_));
                 p.progress.set_state(if aborted {
                     OpState::Aborted

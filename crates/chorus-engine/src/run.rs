@@ -500,7 +500,9 @@ where
         off: usize,
         p: &D::Payload,
     ) -> Result<(), OpError> {
-        self.dev.unpack(mem, off, p).map_err(|e| self.device(e))
+        self.dev
+            .unpack_for(self.progress.context(), mem, off, p)
+            .map_err(|e| self.device(e))
     }
 
     pub(crate) fn unpack_reduce(
@@ -511,7 +513,7 @@ where
         op: ReduceOp,
     ) -> Result<(), OpError> {
         self.dev
-            .unpack_reduce(mem, off, p, self.dtype, op)
+            .unpack_reduce_for(self.progress.context(), mem, off, p, self.dtype, op)
             .map_err(|e| self.device(e))
     }
 

@@ -1,6 +1,7 @@
 //! The device's completion hook: every operation that ran settles its device once before it
 //! reports `Ok`, a settle error fails (and poisons) the operation, and an abort during the
-//! settle is reported as the abort.
+//! settle is reported as the abort. The reads of received payloads name their operation, and
+//! an operation that fails tells the device to forget it.
 
 #![allow(clippy::unwrap_used)]
 
@@ -32,6 +33,10 @@ struct Settling {
     then: Mutex<Then>,
     /// The context of every settle, to check it is the operation's.
     seen: Mutex<Vec<Context>>,
+    /// The context every read of a received payload named.
+    read_in: Mutex<Vec<Context>>,
+    /// The contexts the engine told the device to forget.
+    forgot: Mutex<Vec<Context>>,
 }
 
 impl Settling {
@@ -40,6 +45,8 @@ impl Settling {
             calls: AtomicUsize::new(0),
             then: Mutex::new(Then::Succeed),
             seen: Mutex::new(Vec::new()),
+            read_in: Mutex::new(Vec::new()),
+            forgot: Mutex::new(Vec::new()),
         }
     }
 
@@ -121,6 +128,32 @@ impl Device for Settling {
         op: ReduceOp,
     ) -> Result<(), DeviceError> {
         HostDevice.unpack_reduce(dst, off, payload, dtype, op)
+    }
+
+    fn unpack_for(
+        &self,
+        op: &Context,
+        dst: &mut [u8],
+        off: usize,
+        payload: &Bytes,
+    ) -> Result<(), DeviceError> {
+        self.read_in.lock().unwrap().push(op.clone());
+        HostDevice.unpack(dst, off, payload)
+    }
+    fn unpack_reduce_for(
+        &self,
+        op: &Context,
+        dst: &mut [u8],
+        off: usize,
+        payload: &Bytes,
+        dtype: DType,
+        reduce: ReduceOp,
+    ) -> Result<(), DeviceError> {
+        self.read_in.lock().unwrap().push(op.clone());
+        HostDevice.unpack_reduce(dst, off, payload, dtype, reduce)
+    }
+    fn forget(&self, op: &Context) {
+        self.forgot.lock().unwrap().push(op.clone());
     }
 
     fn settle(&self, op: &Context) -> Result<(), DeviceError> {
@@ -272,6 +305,22 @@ fn every_operation_settles_its_device_once_in_its_own_context() {
         for (e, ops) in es.iter().zip(ran) {
             let dev = e.device();
             assert_eq!(dev.calls(), ops, "settles at rank {} of {n}", e.rank());
+            let seen = dev.seen.lock().unwrap();
+            let read_in = dev.read_in.lock().unwrap();
+            assert_eq!(
+                read_in.is_empty(),
+                n == 1,
+                "reads at rank {} of {n}",
+                e.rank()
+            );
+            for ctx in read_in.iter() {
+                assert!(
+                    seen.iter().any(|s| s.same(ctx)),
+                    "a read named a context no settle judged"
+                );
+            }
+            assert!(dev.forgot.lock().unwrap().is_empty(), "nothing failed");
+            drop((seen, read_in));
             for ctx in dev.seen.lock().unwrap().iter() {
                 assert!(ctx.descends_from(e.context()), "not under the engine");
                 assert!(
@@ -311,6 +360,12 @@ fn a_settle_error_fails_the_operation_and_poisons_the_communicator() {
     assert!(err.partial_output, "{err}");
     assert!(results[1].is_ok(), "the other rank's device settled");
     assert_eq!(es[0].device().calls(), 1);
+    // The failed operation's record is forgotten: the next operation is not judged by it.
+    let forgot = es[0].device().forgot.lock().unwrap().clone();
+    let seen = es[0].device().seen.lock().unwrap().clone();
+    assert_eq!(forgot.len(), 1);
+    assert!(forgot[0].same(&seen[0]), "forgot another operation");
+    assert!(es[1].device().forgot.lock().unwrap().is_empty());
     // The communicator is unusable afterwards, and nothing more is settled.
     let mut buf = [0u8; 16];
     let again =
@@ -356,4 +411,6 @@ fn an_operation_that_fails_before_it_ends_is_not_settled() {
     .unwrap_err();
     assert!(matches!(err.kind, OpErrorKind::InvalidArgument(_)), "{err}");
     assert_eq!(es[0].device().calls(), 0);
+    // Whatever it recorded, the device is told to forget it.
+    assert_eq!(es[0].device().forgot.lock().unwrap().len(), 1);
 }

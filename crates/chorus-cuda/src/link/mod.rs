@@ -148,6 +148,8 @@ struct LinkCore {
     failure: OnceLock<LinkError>,
     reader_done: (Mutex<bool>, Condvar),
     frozen: AtomicBool,
+    /// Whether a synchronisation has reported this link's retired waits.
+    reported: AtomicBool,
     config: LinkConfig,
 }
 
@@ -291,6 +293,7 @@ impl DeviceLink {
             failure: OnceLock::new(),
             reader_done: (Mutex::new(false), Condvar::new()),
             frozen: AtomicBool::new(false),
+            reported: AtomicBool::new(false),
             config: config.clone(),
         });
         let weak = Arc::downgrade(&core);
@@ -443,11 +446,25 @@ impl Attached for LinkCore {
         vec![self.send_stream.clone(), self.recv_stream.clone()]
     }
 
-    fn failed(&self) -> Option<(Rank, String)> {
-        if let Some(r) = self.cancelled.get() {
-            return Some((self.peer, format!("link cancelled: {r}")));
+    fn take_failure(&self) -> Option<(Rank, String)> {
+        let why = match (self.cancelled.get(), self.failure.get()) {
+            (Some(r), _) => format!("link cancelled: {r}"),
+            (None, Some(e)) => e.to_string(),
+            (None, None) => return None,
+        };
+        let (send, recv) = (
+            self.health.first_retired(RETIRED_SEND),
+            self.health.first_retired(RETIRED_RECV),
+        );
+        // A link that ended with every wait satisfied carried whole data; one that retired
+        // waits is reported, once: a later synchronisation answers for later work.
+        if (send, recv) == (0, 0) || self.reported.swap(true, Ordering::AcqRel) {
+            return None;
         }
-        self.failure.get().map(|e| (self.peer, e.to_string()))
+        Some((
+            self.peer,
+            format!("{why}; waits retired from send {send}, receive {recv}"),
+        ))
     }
 }
 
@@ -567,7 +584,7 @@ fn read_before(socket: &UnixStream, deadline: Instant) -> Result<HostFrame, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::GpuMem;
+    use crate::memory::{GpuBuffer, GpuMem};
     use crate::testing::{Stall, block_on, gpu_or_skip};
     use chorus_engine::device::Device;
     use chorus_protocol::{Collective, DType, OpSeq};
@@ -601,24 +618,30 @@ mod tests {
         Some((devs, links))
     }
 
+    /// Rank 1 sends bytes queued behind a kernel that will not end until released; rank 0
+    /// receives the payload (its frames) but not its bytes, and reads it anyway.
+    fn a_read_of_bytes_that_have_not_come(
+        devs: &[CudaDevice],
+        l0: &DeviceLink,
+        l1: &DeviceLink,
+    ) -> (Stall, GpuPayload, GpuBuffer, GpuBuffer) {
+        let stall = Stall::on(devs[1].gpu(), &devs[1].inner.stream).unwrap();
+        let src = devs[1].buffer(64 << 10).unwrap();
+        let p = devs[1].pack(&src, 0, 64 << 10).unwrap();
+        block_on(l1.send(tag(0), p)).unwrap();
+        let got = block_on(l0.recv(tag(0))).unwrap();
+        let mut dst = devs[0].buffer(64 << 10).unwrap();
+        devs[0].unpack(&mut dst, 0, &got).unwrap();
+        (stall, got, dst, src)
+    }
+
     #[test]
     fn a_payload_an_abort_kept_from_arriving_fails_the_settle() {
         let Some((devs, links)) = pair() else {
             return;
         };
         let (l0, l1) = (&links[0][0], &links[1][0]);
-        // Rank 1's bytes are queued behind a kernel that will not end until released.
-        let stall = Stall::on(devs[1].gpu(), &devs[1].inner.stream).unwrap();
-        let src = devs[1].buffer(64 << 10).unwrap();
-        let p = devs[1].pack(&src, 0, 64 << 10).unwrap();
-        block_on(l1.send(tag(0), p)).unwrap();
-        // Rank 0 has the payload (its frame) but not its bytes, and reads it anyway.
-        let got = block_on(l0.recv(tag(0))).unwrap();
-        let mut dst = devs[0].buffer(64 << 10).unwrap();
-        devs[0].unpack(&mut dst, 0, &got).unwrap();
-        devs[0].set_settle_timeout(Duration::from_millis(100));
-        let err = devs[0].settle_unless(&|| false).unwrap_err();
-        assert!(matches!(err, CudaError::Timeout { .. }), "{err}");
+        let (stall, got, dst, src) = a_read_of_bytes_that_have_not_come(&devs, l0, l1);
         // Rank 0 aborts: its wait retires, and the settle says the data is not rank 1's.
         l0.cancel(CancelReason::new(CloseCode::ABORTED, "test abort"));
         devs[0].set_settle_timeout(T);
@@ -630,6 +653,30 @@ mod tests {
         assert_eq!(l0.retired(), (0, 1));
         // Reported once: the next settle has nothing left to blame.
         devs[0].settle_unless(&|| false).unwrap();
+        stall.release();
+        l1.cancel(CancelReason::new(CloseCode::ABORTED, "test over"));
+        drop((got, dst, src, stall));
+        for d in &devs {
+            let _ = d.synchronize(T);
+        }
+    }
+
+    #[test]
+    fn a_failed_settle_takes_its_reads_with_it() {
+        let Some((devs, links)) = pair() else {
+            return;
+        };
+        let (l0, l1) = (&links[0][0], &links[1][0]);
+        let (stall, got, dst, src) = a_read_of_bytes_that_have_not_come(&devs, l0, l1);
+        devs[0].set_settle_timeout(Duration::from_millis(100));
+        let err = devs[0].settle_unless(&|| false).unwrap_err();
+        assert!(matches!(err, CudaError::Timeout { .. }), "{err}");
+        // That operation failed, and said so. The abort then spoils what it read, but the
+        // next settle answers for its own reads (none), not for the failed one's.
+        l0.cancel(CancelReason::new(CloseCode::ABORTED, "test abort"));
+        devs[0].set_settle_timeout(T);
+        devs[0].settle_unless(&|| false).unwrap();
+        assert_eq!(l0.retired(), (0, 1));
         stall.release();
         l1.cancel(CancelReason::new(CloseCode::ABORTED, "test over"));
         drop((got, dst, src, stall));
