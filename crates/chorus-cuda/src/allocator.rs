@@ -1,5 +1,5 @@
-//! The stream-ordered allocator of one rank's main stream: device memory from the GPU's pool
-//! (`cuMemAllocAsync`), usable by work queued after the allocation, and freed in order behind
+//! The stream-ordered allocator of one rank's main stream: device memory from chorus's pool
+//! (`pool.rs`: `cuMemAllocFromPoolAsync`), usable by work queued after the allocation, and freed in order behind
 //! everything queued before the free (`cuMemFreeAsync`). Buffers and payloads hold it to
 //! free themselves; it knows nothing of them.
 
@@ -34,11 +34,9 @@ impl StreamAllocator {
         self.gpu.bind()?;
         // SAFETY: the stream belongs to this (bound) context; the memory is used only by
         // work ordered after this call on the stream, or on streams made to wait for it.
-        unsafe { result::malloc_async(self.stream.cu_stream(), bytes) }.map_err(|e| {
-            CudaError::OutOfMemory {
-                bytes,
-                detail: format!("cuMemAllocAsync: {e:?}"),
-            }
+        unsafe { self.gpu.pool.alloc(&self.stream, bytes) }.map_err(|e| CudaError::OutOfMemory {
+            bytes,
+            detail: format!("cuMemAllocFromPoolAsync: {e:?}"),
         })
     }
 
@@ -54,7 +52,7 @@ impl StreamAllocator {
                     .wait(ev)
                     .map_err(|e| CudaError::driver("cuStreamWaitEvent", e))?;
             }
-            // SAFETY: `ptr` came from cuMemAllocAsync in this context and is freed once;
+            // SAFETY: `ptr` came from cuMemAllocFromPoolAsync in this context and is freed once;
             // every use of it is ordered before this point on the stream (directly, or
             // through `after`).
             unsafe { result::free_async(ptr, self.stream.cu_stream()) }

@@ -12,6 +12,7 @@ use crate::cache::{self, Key};
 use crate::compile;
 use crate::error::CudaError;
 use crate::kernels::Kernels;
+use crate::pool::MemPool;
 use crate::probe;
 use crate::source;
 
@@ -25,6 +26,8 @@ pub struct Gpu {
     sm_count: u32,
     nvrtc: (u32, u32),
     pub(crate) kernels: Kernels,
+    /// Where every stream-ordered allocation comes from.
+    pub(crate) pool: MemPool,
     /// Streams this process has made on the device (each rank: one main stream, two per
     /// device link), against the hardware queues they map onto.
     streams: AtomicUsize,
@@ -121,7 +124,7 @@ impl Gpu {
             .uuid()
             .map_err(|e| CudaError::driver("cuDeviceGetUuid", e))?;
         let uuid: [u8; 16] = uuid.bytes.map(|b| b as u8);
-        keep_pool_memory(&ctx)?;
+        let pool = MemPool::new(&ctx)?;
 
         let nvrtc = compile::nvrtc_version()?;
         let target =
@@ -139,6 +142,7 @@ impl Gpu {
             sm_count,
             nvrtc,
             kernels,
+            pool,
             streams: AtomicUsize::new(0),
             queues: hardware_queues(std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().as_deref()),
         })
@@ -199,31 +203,6 @@ impl Gpu {
         self.ctx
             .bind_to_thread()
             .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))
-    }
-}
-
-/// Stream-ordered allocations (payloads, scratch) come from the device's default pool; by
-/// default it hands memory back to the driver at every synchronisation, which would make
-/// each collective pay for fresh allocations. Keep it.
-fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<(), CudaError> {
-    if !ctx.has_async_alloc() {
-        return Err(CudaError::DeviceUnavailable(format!(
-            "cuda:{} has no stream-ordered allocator",
-            ctx.ordinal()
-        )));
-    }
-    // SAFETY: the device handle comes from a live context; `threshold` outlives the call and
-    // has the u64 type this attribute takes.
-    unsafe {
-        let pool = result::device::get_default_mem_pool(ctx.cu_device())
-            .map_err(|e| CudaError::driver("cuDeviceGetDefaultMemPool", e))?;
-        let mut threshold = u64::MAX;
-        result::mem_pool::set_attribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut threshold as *mut u64).cast(),
-        )
-        .map_err(|e| CudaError::driver("cuMemPoolSetAttribute", e))
     }
 }
 

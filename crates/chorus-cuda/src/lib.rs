@@ -39,6 +39,7 @@ pub mod local;
 mod mapped;
 pub mod memory;
 pub mod payload;
+mod pool;
 pub mod probe;
 pub mod reference;
 mod region;

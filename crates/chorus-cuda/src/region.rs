@@ -50,7 +50,7 @@ impl Region {
             if ipc {
                 result::malloc_sync(bytes)
             } else {
-                result::malloc_async(stream.cu_stream(), bytes)
+                gpu.pool.alloc(stream, bytes)
             }
         }
         .map_err(|e| CudaError::OutOfMemory {

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use chorus_engine::link::{LinkError, Tag};
 use chorus_protocol::CloseCode;
-use cudarc::driver::result;
 
 use super::LinkCore;
 use crate::credit::{Intake, Step, check_credit};
@@ -211,12 +210,12 @@ impl LinkCore {
             0
         } else {
             // SAFETY: a stream-ordered allocation in this context, owned by the payload.
-            unsafe { result::malloc_async(self.recv_stream.cu_stream(), len as usize) }.map_err(
-                |e| CudaError::OutOfMemory {
+            unsafe { gpu.pool.alloc(&self.recv_stream, len as usize) }.map_err(|e| {
+                CudaError::OutOfMemory {
                     bytes: len as usize,
-                    detail: format!("cuMemAllocAsync: {e:?}"),
-                },
-            )?
+                    detail: format!("cuMemAllocFromPoolAsync: {e:?}"),
+                }
+            })?
         };
         Ok(GpuPayload {
             ptr,

@@ -203,7 +203,7 @@ fn free_behind_sends(core: &LinkCore, ptr: u64) {
     if ptr == 0 {
         return;
     }
-    // SAFETY: allocated by cuMemAllocAsync, freed once (the caller gives up the pointer),
+    // SAFETY: allocated from the pool (cuMemAllocFromPoolAsync), freed once (the caller gives up the pointer),
     // every use of it queued before on the send stream.
     if let Err(e) = unsafe { result::free_async(ptr, core.send_stream.cu_stream()) } {
         tracing::warn!(error = ?e, "freeing a sent payload failed");
