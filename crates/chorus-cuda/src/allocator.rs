@@ -21,6 +21,11 @@ impl StreamAllocator {
         StreamAllocator { gpu, stream }
     }
 
+    /// The GPU the allocations are on.
+    pub(crate) fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
     /// The stream the allocations are ordered on.
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream

@@ -198,11 +198,25 @@ impl Gpu {
         self.nvrtc
     }
 
-    /// Make this device's context current on the calling thread.
+    /// Make this device's context current on the calling thread. An error a destructor
+    /// stored earlier is logged first (see [`Gpu::take_stored_error`]), so it never fails
+    /// this call, which has nothing to do with it.
     pub(crate) fn bind(&self) -> Result<(), CudaError> {
+        self.take_stored_error("an earlier CUDA destructor");
         self.ctx
             .bind_to_thread()
             .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))
+    }
+
+    /// cudarc's destructors (streams, events) cannot return their errors: they store them in
+    /// the context, and the next cudarc call that checks (`bind_to_thread` among them) would
+    /// fail with an error that is not its own. Take any stored error and log it as `what`'s:
+    /// called right after dropping such objects, it names them; from `bind`, it says only
+    /// that some earlier destructor failed.
+    pub(crate) fn take_stored_error(&self, what: &str) {
+        if let Err(e) = self.ctx.check_err() {
+            tracing::warn!(ordinal = self.ordinal, error = %e, "{what} failed");
+        }
     }
 }
 
@@ -217,6 +231,18 @@ fn unavailable(call: &str, e: cudarc::driver::DriverError) -> CudaError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_a_destructor_stored_does_not_fail_the_next_call() {
+        let Some(gpu) = crate::testing::gpu_or_skip("GPU tests") else {
+            return;
+        };
+        gpu.ctx.record_err::<()>(Err(cudarc::driver::DriverError(
+            sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE,
+        )));
+        gpu.bind().unwrap();
+        assert!(gpu.ctx.check_err().is_ok(), "the stored error was taken");
+    }
 
     #[test]
     fn the_hardware_queues_follow_the_variable_as_the_driver_reads_it() {

@@ -108,7 +108,8 @@ impl MappedHost {
 
 impl Drop for MappedHost {
     fn drop(&mut self) {
-        if self.gpu.bind().is_err() {
+        if let Err(e) = self.gpu.bind() {
+            tracing::warn!(error = %e, bytes = self.bytes, "mapped host memory leaked: no context to free it in");
             return;
         }
         // SAFETY: allocated by cuMemHostAlloc in `new`, freed once. Owners drain every

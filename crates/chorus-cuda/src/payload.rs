@@ -56,5 +56,12 @@ impl Drop for GpuPayload {
         if self.ptr != 0 {
             self.alloc.free(self.ptr, self.ready.as_ref());
         }
+        if let Some(ready) = self.ready.take() {
+            // cudarc stores a failed cuEventDestroy in the context: say whose it was.
+            drop(ready);
+            self.alloc
+                .gpu()
+                .take_stored_error("destroying a payload's event");
+        }
     }
 }

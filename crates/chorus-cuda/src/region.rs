@@ -98,7 +98,8 @@ impl Drop for Region {
         if !self.ipc {
             registry().lock().remove(&self.ptr);
         }
-        if self.gpu.bind().is_err() {
+        if let Err(e) = self.gpu.bind() {
+            tracing::warn!(error = %e, bytes = self.bytes, "a device link region leaked: no context to free it in");
             return;
         }
         // SAFETY: allocated in `new` and freed once. Both ends drain every stream that used
@@ -164,7 +165,8 @@ impl PeerRegion {
 impl Drop for PeerRegion {
     fn drop(&mut self) {
         if let PeerRegion::Mapped { gpu, ptr } = self {
-            if gpu.bind().is_err() {
+            if let Err(e) = gpu.bind() {
+                tracing::warn!(error = %e, "a peer's region stays mapped: no context to close it in");
                 return;
             }
             // SAFETY: opened once in `open`; this side's streams are drained first.
