@@ -1,7 +1,8 @@
 //! GPU tests: every collective of the engine (`Engine<CudaDevice, DeviceLink>`) x dtype x
-//! reduction on device memory, at 2 and 4 ranks sharing one GPU as threads and at 2 ranks in
-//! two processes (CUDA IPC); the device's arithmetic on device memory; and abort of an
-//! operation whose kernels wait on an absent peer. Without a GPU each test returns after one
+//! reduction on device memory, at 2 and 4 ranks sharing one GPU as threads and as processes
+//! (CUDA IPC; and a few cases at 2 ranks in two processes with the root on the child); the
+//! device's arithmetic on device memory; and abort of an operation whose kernels wait on an
+//! absent peer (seed 002: the abort lands, the stream drains, the context is reused). Without a GPU each test returns after one
 //! line (per process) saying what was skipped and why; the same matrix runs through the host
 //! engine in tests/matrix_host.rs.
 
@@ -428,6 +429,180 @@ fn ranks_in_two_processes_share_the_gpu_through_ipc() {
     }
     let status = status.expect("the child did not exit");
     assert!(status.success(), "child failed: {status}");
+}
+
+/// Rank `me` of `n` processes: links to every other rank over Unix sockets in `dir` (rank r
+/// listens on `r.sock`; the higher rank of a pair connects and names itself in one byte),
+/// made in the order of the pairs `(low, high)`, the same order on every rank, so no two
+/// ranks wait on each other's handshakes.
+fn process_links(dir: &std::path::Path, dev: &CudaDevice, me: u32, n: u32) -> Vec<Arc<DeviceLink>> {
+    use std::io::{Read, Write};
+    let listener = UnixListener::bind(dir.join(format!("{me}.sock"))).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut accepted: Vec<(u32, UnixStream)> = Vec::new();
+    let deadline = Instant::now() + LIMIT;
+    let mut links = Vec::new();
+    for peer in (0..n).filter(|&p| p != me) {
+        let socket = if peer < me {
+            let path = dir.join(format!("{peer}.sock"));
+            let mut s = loop {
+                match UnixStream::connect(&path) {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("rank {me} cannot reach rank {peer}: {e}"),
+                }
+            };
+            s.write_all(&[me as u8]).unwrap();
+            s
+        } else {
+            loop {
+                if let Some(at) = accepted.iter().position(|(r, _)| *r == peer) {
+                    break accepted.remove(at).1;
+                }
+                let mut s = match listener.accept() {
+                    Ok((s, _)) => s,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                    Err(e) => panic!("rank {me}: rank {peer} never connected: {e}"),
+                };
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(LIMIT)).unwrap();
+                let mut who = [0u8; 1];
+                s.read_exact(&mut who).unwrap();
+                accepted.push((u32::from(who[0]), s));
+            }
+        };
+        let link = DeviceLink::connect(dev, Rank(me), Rank(peer), socket, &small_links()).unwrap();
+        links.push(Arc::new(link));
+    }
+    links
+}
+
+/// Rank `me` of `n` processes runs the matrix: every collective x dtype x reduction under
+/// every forced algorithm, then the large cases, each configuration a new engine on the same
+/// links. A watchdog aborts and cancels if the world has not finished in time.
+fn process_rank(dir: &std::path::Path, me: u32, n: u32) {
+    let dev = CudaDevice::new(0).unwrap();
+    let links = process_links(dir, &dev, me, n);
+    let dev = Arc::new(dev);
+    let root = Context::root();
+    let (done, finished) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let (root, links) = (&root, &links);
+        s.spawn(move || {
+            if finished.recv_timeout(LIMIT * 4).is_err() {
+                root.abort(AbortReason::requested("process matrix watchdog"));
+                for l in links {
+                    l.cancel(CancelReason::new(
+                        CloseCode::ABORTED,
+                        "process matrix watchdog",
+                    ));
+                }
+            }
+        });
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let cases = every_case(n);
+            let mut configs = matrix_configs();
+            configs.push(EngineConfig::default());
+            for (i, config) in configs.into_iter().enumerate() {
+                let engine: GpuEngine = Engine::new(
+                    Rank(me),
+                    n,
+                    links.iter().cloned(),
+                    dev.clone(),
+                    root,
+                    config,
+                )
+                .unwrap();
+                let last = i == matrix_configs().len();
+                let cases = if last { large_cases(n) } else { cases.clone() };
+                if let Err(e) = sweep(&OnGpu, &engine, &cases) {
+                    panic!("rank {me} of {n} processes, configuration {i}: {e}");
+                }
+            }
+        }));
+        let _ = done.send(());
+        if let Err(p) = r {
+            std::panic::resume_unwind(p);
+        }
+    });
+    dev.synchronize(T).unwrap();
+}
+
+/// Rank 0 runs here and starts ranks 1.. as this same test in child processes, which find
+/// their rank in the environment.
+#[test]
+fn every_collective_dtype_and_reduction_at_2_and_4_ranks_in_processes() {
+    if let (Ok(dir), Ok(me), Ok(n)) = (
+        std::env::var("CHORUS_CUDA_MATRIX_DIR"),
+        std::env::var("CHORUS_CUDA_MATRIX_RANK"),
+        std::env::var("CHORUS_CUDA_MATRIX_WORLD"),
+    ) {
+        return process_rank(
+            std::path::Path::new(&dir),
+            me.parse().unwrap(),
+            n.parse().unwrap(),
+        );
+    }
+    if devices(1).is_none() {
+        return;
+    }
+    for n in [2u32, 4] {
+        let started = Instant::now();
+        let dir = std::env::temp_dir().join(format!("chorus-matrix-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut children: Vec<_> = (1..n)
+            .map(|r| {
+                Command::new(std::env::current_exe().unwrap())
+                    .args([
+                        "--exact",
+                        "every_collective_dtype_and_reduction_at_2_and_4_ranks_in_processes",
+                        "--nocapture",
+                    ])
+                    .env("CHORUS_CUDA_MATRIX_DIR", &dir)
+                    .env("CHORUS_CUDA_MATRIX_RANK", r.to_string())
+                    .env("CHORUS_CUDA_MATRIX_WORLD", n.to_string())
+                    .stdout(Stdio::inherit())
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let here = std::panic::catch_unwind(|| process_rank(&dir, 0, n));
+        // Every child is killed if it has not exited by the deadline, whatever happened here.
+        let deadline = Instant::now() + LIMIT;
+        let mut failed = Vec::new();
+        for (i, child) in children.iter_mut().enumerate() {
+            let status = loop {
+                if let Some(s) = child.try_wait().unwrap() {
+                    break Some(s);
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            if !status.is_some_and(|s| s.success()) {
+                failed.push(format!("rank {}: {status:?}", i + 1));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Err(p) = here {
+            std::panic::resume_unwind(p);
+        }
+        assert!(failed.is_empty(), "at {n} processes: {}", failed.join(", "));
+        eprintln!(
+            "the matrix at {n} ranks in {n} processes took {:?}",
+            started.elapsed()
+        );
+    }
 }
 
 #[test]
