@@ -1,34 +1,67 @@
 #!/usr/bin/env bash
-# The chorus-cuda device check: on a machine with an NVIDIA GPU, take the binaries staged by
-# kernels/stage.sh (or build them, where cargo exists), run the GPU tests — every collective
-# of the engine x dtype x reduction on device memory at 2 and 4 ranks sharing the GPU, two
-# ranks in two processes, settle and abort — then benchmark: reduce kernels beside a
-# device-to-device copy, all-reduce bus bandwidth through the engine at 2 and 4 ranks from
-# 1 MiB to 1 GiB, NCCL on the same sizes where it allows several ranks per GPU, and the
-# latency of aborting a kernel blocked on an absent peer. About 3 minutes, 5 at most.
+# The chorus-cuda device check, for a machine with an NVIDIA GPU (an H200 when one is lent),
+# in at most about 6 minutes. It takes the binaries staged by kernels/stage.sh (or builds
+# them, where cargo exists) and runs:
+#   1. the crate's unit tests on the GPU (settle, ledger, credit, pool, retired waits);
+#   2. the GPU tests: the device's arithmetic, abort of an operation blocked on an absent
+#      peer (seed 002: the abort lands, the caller's stream drains, the context is reused),
+#      then every collective x dtype x reduction at 2 and 4 ranks as threads, and as
+#      processes. These run with CUDA_DEVICE_MAX_CONNECTIONS as the machine has it (8 by
+#      default: 4 ranks in one process make 28 streams, the case host-side credit is for);
+#   3. the benchmark, with CUDA_DEVICE_MAX_CONNECTIONS=32 (each rank's links get queues of
+#      their own): reduce-kernel bandwidth beside a device-to-device copy, same-GPU
+#      all-reduce bus bandwidth at 2 and 4 ranks from 1 MiB to 1 GiB, abort-to-retire latency;
+#   4. NCCL on the same sizes with NCCL_MULTI_RANK_GPU_ENABLE=1 (several ranks on one GPU),
+#      and a side-by-side table.
 #
 #   here:            bash kernels/stage.sh
-#   device machine:  run(command="bash kernels/check.sh", carry=["target/device"], timeout_s=400)
+#   device machine:  run(command="bash kernels/check.sh", carry=["target/device"], timeout_s=420)
+#   dry run:         bash kernels/check.sh --dry-run     (what would run, with what limits)
 #
+# Options: --dry-run; --bin DIR (staged binaries, default target/device); --only NAME[,NAME]
+# (run only those steps: unit, gpu, matrix, processes, bench, nccl).
 # Results and logs go to $OUT (else target/device-check): check.log, chorus_bench.jsonl,
-# nccl_bench.jsonl. Every step has a time limit; a failed step is reported and the check
-# goes on to the summary; the exit status is non-zero if any step failed.
+# nccl_bench.jsonl. Every step has a time limit; a failed step is reported and the check goes
+# on to the summary; the exit status is 1 if any step failed, 2 if there was nothing to run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+
+dry=0
+bin="$root/target/device"
+only=""
+while (($#)); do
+  case $1 in
+    --dry-run) dry=1 ;;
+    --bin) bin=${2:?--bin needs a directory}; shift ;;
+    --only) only=${2:?--only needs step names}; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    *) echo "check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
 out="${OUT:-$root/target/device-check}"
 mkdir -p "$out"
 log="$out/check.log"
 : >"$log"
 failed=()
+ran=0
 
 say() { printf '%s\n' "$*" | tee -a "$log"; }
-# step NAME LIMIT_S CMD...: run CMD with a time limit, output to the log and the terminal.
+wanted() { [[ -z $only || ",$only," == *",$1,"* ]]; }
+# step NAME LIMIT_S CMD...: run CMD with a time limit, output to the log and the terminal; a
+# failure is counted.
 step() {
   local name=$1 limit=$2
   shift 2
   say ""
   say "== $name (limit ${limit}s)"
+  if ((dry)); then
+    say "   would run: $*"
+    return 0
+  fi
+  ran=$((ran + 1))
   local t0=$SECONDS rc
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
   rc=${PIPESTATUS[0]}
@@ -44,7 +77,6 @@ step() {
   fi
   return $rc
 }
-
 # info NAME LIMIT_S CMD...: like step, for what only describes the machine: its failure is
 # logged but does not fail the check (`step ... || true` would not do that: step has already
 # counted the failure by the time it returns).
@@ -55,23 +87,27 @@ info() {
   return 0
 }
 
-say "chorus-cuda device check, $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')"
+say "chorus-cuda device check, $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')$( ((dry)) && echo ' (dry run)')"
 info "gpu" 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
-# NVRTC is often outside the loader's path (a toolkit's lib64, a Python wheel): find it.
-if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.13'; then
+# NVRTC is often outside the loader's path: a toolkit's lib64, or PyPI's nvidia-cuda-nvrtc
+# wheel (CUDA 13: site-packages/nvidia/cu13/lib; CUDA 12: site-packages/nvidia/cuda_nvrtc/lib).
+# chorus searches those itself ($CUDA_HOME, /usr/local/cuda*, $VIRTUAL_ENV...); elsewhere,
+# find it and point CHORUS_NVRTC at it.
+if [[ -z ${CHORUS_NVRTC:-} ]] && ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.1[23]'; then
   nvrtc=""
   for d in "${CUDA_HOME:-/nonexistent}/lib64" /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [[ -e "$d/libnvrtc.so.13" ]] && nvrtc="$d" && break
+    compgen -G "$d/libnvrtc.so.1[23]" >/dev/null && nvrtc="$d" && break
   done
   if [[ -z "$nvrtc" ]]; then
-    nvrtc=$(timeout 60 find / -xdev -name 'libnvrtc.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1 | xargs -r dirname)
+    nvrtc=$(timeout 60 find / -xdev \( -path /proc -o -path /sys -o -name .debug \) -prune -o \
+      -name 'libnvrtc.so.1[23]' -print 2>/dev/null | sort | head -1 | xargs -r dirname)
   fi
   if [[ -n "$nvrtc" ]]; then
-    export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export CHORUS_NVRTC="$nvrtc"
     say "NVRTC: $nvrtc"
   else
-    say "NVRTC: libnvrtc.so.13 not found; the GPU steps will report the device unavailable"
+    say "NVRTC: libnvrtc.so.13/.12 not found; the GPU steps will report the device unavailable"
   fi
 fi
 # Compiled kernels are cached across the steps' processes, outside $OUT (only results
@@ -80,48 +116,72 @@ export CHORUS_KERNEL_CACHE="${TMPDIR:-/tmp}/chorus-kernel-cache"
 # Here a GPU test that cannot open the GPU fails instead of skipping.
 export CHORUS_REQUIRE_GPU=1
 
-bin="$root/target/device"
 if [[ -x "$bin/test-gpu" && -x "$bin/gpu_bench" ]]; then
-  say "using the binaries staged by kernels/stage.sh in target/device ($(cat "$bin/STAGED" 2>/dev/null || echo 'unknown commit'))"
+  say "using the binaries staged in $bin ($(cat "$bin/STAGED" 2>/dev/null || echo 'unknown commit'))"
+elif ((dry)); then
+  say "no staged binaries in $bin: a real run would build them with kernels/stage.sh"
 elif command -v cargo >/dev/null 2>&1; then
   step "build" 600 bash kernels/stage.sh || say "the build failed; nothing to run"
 else
-  say "no cargo here and no staged binaries in target/device."
+  say "no cargo here and no staged binaries in $bin."
   say "This machine cannot fetch a toolchain: run 'bash kernels/stage.sh' on a machine with Rust"
   say "and carry target/device (the device tool's carry=[\"target/device\"])."
   exit 2
 fi
 
-# The crate's own tests first (they open the GPU and compile the kernels into the cache):
-# settle is bounded and abortable, a payload an abort kept from arriving fails the settle,
-# a retired send stops its puts and signals.
-# Then the engine on the GPU: the quick tests, then the matrix (its own step, so a slow
-# matrix cannot starve the others). The limits add up to 5 minutes; a run takes about 3.
-if [[ -x "$bin/test-chorus_cuda" ]]; then
-  step "unit tests" 40 "$bin/test-chorus_cuda" --test-threads=2
+have() { ((dry)) || [[ -x "$bin/$1" ]]; }
+queues=${CUDA_DEVICE_MAX_CONNECTIONS:-8 (default)}
+if wanted unit && have test-chorus_cuda; then
+  step "unit tests on the GPU" 30 "$bin/test-chorus_cuda" --test-threads=2
 fi
-if [[ -x "$bin/test-gpu" ]]; then
-  step "gpu tests" 50 "$bin/test-gpu" --test-threads=1 --nocapture \
-    abort every_reduction ranks_in_two_processes the_inputs
-  step "gpu matrix" 80 "$bin/test-gpu" --test-threads=1 --nocapture every_collective
+if have test-gpu; then
+  if wanted gpu; then
+    step "gpu tests: arithmetic, abort and the seed-002 case, two processes" 45 \
+      "$bin/test-gpu" --test-threads=1 --nocapture \
+      abort every_reduction ranks_in_two_processes the_inputs
+  fi
+  if wanted matrix; then
+    say "(hardware queues: CUDA_DEVICE_MAX_CONNECTIONS=$queues)"
+    step "gpu matrix, 2 and 4 ranks as threads" 70 \
+      "$bin/test-gpu" --test-threads=1 --nocapture --exact \
+      every_collective_dtype_and_reduction_at_2_ranks_on_one_gpu \
+      every_collective_dtype_and_reduction_at_4_ranks_on_one_gpu
+  fi
+  if wanted processes; then
+    step "gpu matrix, 2 and 4 ranks as processes" 80 \
+      "$bin/test-gpu" --test-threads=1 --nocapture --exact \
+      every_collective_dtype_and_reduction_at_2_and_4_ranks_in_processes
+  fi
 fi
-if [[ -x "$bin/gpu_bench" ]]; then
-  step "chorus benchmark" 60 "$bin/gpu_bench" --out "$out/chorus_bench.jsonl" --budget-s 45
+if wanted bench && have gpu_bench; then
+  step "chorus benchmark (reduce vs copy, all-reduce 2 and 4 ranks 1 MiB..1 GiB, abort-retire)" 55 \
+    env CUDA_DEVICE_MAX_CONNECTIONS=32 "$bin/gpu_bench" --out "$out/chorus_bench.jsonl" --budget-s 45
 fi
-if command -v python3 >/dev/null 2>&1; then
-  step "nccl benchmark" 60 env PYTHONUNBUFFERED=1 python3 kernels/nccl_bench.py --out "$out/nccl_bench.jsonl" --budget-s 30
-else
-  say "skipped NCCL comparison: no python3"
+if wanted nccl; then
+  if command -v python3 >/dev/null 2>&1; then
+    step "nccl benchmark (NCCL_MULTI_RANK_GPU_ENABLE=1, same sizes)" 60 \
+      env PYTHONUNBUFFERED=1 python3 kernels/nccl_bench.py --out "$out/nccl_bench.jsonl" --budget-s 30
+  else
+    say "skipped the NCCL comparison: no python3"
+  fi
 fi
 
 say ""
 say "== summary"
+if ((dry)); then
+  say "dry run: nothing ran"
+  exit 0
+fi
 for f in "$out"/*.jsonl; do [[ -e "$f" ]] && say "$(basename "$f"): $(wc -l <"$f") results"; done
-if command -v python3 >/dev/null 2>&1; then
+if command -v python3 >/dev/null 2>&1 && [[ -e "$out/chorus_bench.jsonl" ]]; then
   python3 kernels/bench_table.py "$out"/chorus_bench.jsonl "$out"/nccl_bench.jsonl 2>&1 | tee -a "$log"
 fi
 grep -h '"kind":"abort_retire"' "$out"/chorus_bench.jsonl 2>/dev/null | tee -a "$log"
 grep -h 'abort retired' "$log" | head -1
+if ((ran == 0)); then
+  say "nothing ran (no staged binaries for the steps asked for)"
+  exit 2
+fi
 if ((${#failed[@]})); then
   say "FAILED steps: ${failed[*]}"
   exit 1
