@@ -1,4 +1,10 @@
 //! Several ranks on one GPU as threads of this process: every pair joined by a device link.
+//!
+//! Streams: each rank has a main stream and two per link, so N ranks make N(2N - 1) streams
+//! (28 at four ranks), more than the 8 hardware queues a context gets by default. That is
+//! safe (no device wait is queued ahead of the work that ends it: `credit.rs`), but streams
+//! sharing a queue run one after another; `CUDA_DEVICE_MAX_CONNECTIONS=32`, set before the
+//! process starts, gives the links of up to four ranks queues of their own.
 
 use std::os::unix::net::UnixStream;
 
