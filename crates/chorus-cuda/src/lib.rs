@@ -42,6 +42,7 @@ pub mod probe;
 pub mod reference;
 mod region;
 pub mod source;
+pub mod staging;
 mod sync;
 #[cfg(feature = "testkit")]
 pub mod testing;
