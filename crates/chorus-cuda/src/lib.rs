@@ -42,6 +42,7 @@ pub mod probe;
 pub mod reference;
 mod region;
 pub mod source;
+pub mod staged;
 pub mod staging;
 mod sync;
 #[cfg(feature = "testkit")]
@@ -53,3 +54,4 @@ pub use gpu::Gpu;
 pub use link::{DeviceLink, LinkConfig};
 pub use memory::{GpuBuffer, GpuMem};
 pub use payload::GpuPayload;
+pub use staged::{StagedConfig, StagedLink};
