@@ -209,8 +209,8 @@ impl Core {
             return Err(e);
         }
         let parts = Parts::new(tag).map_err(|e| self.local(&e.to_string()))?;
-        let mut pipe = SendPipeline::new(&self.plan, payload.len())
-            .map_err(|e| self.local(&e.to_string()))?;
+        let mut pipe =
+            SendPipeline::new(&self.plan, payload.len()).map_err(|e| self.local(&e.to_string()))?;
         let (ptr, _len, ready, _origin) = payload.take();
         let memory = SentMemory {
             ptr,
@@ -256,9 +256,7 @@ impl Core {
                                 self.down.cu_stream(),
                             )
                         }
-                        .map_err(|e| {
-                            self.local_cuda(&CudaError::driver("cuMemcpyDtoHAsync", e))
-                        })?;
+                        .map_err(|e| self.local_cuda(&CudaError::driver("cuMemcpyDtoHAsync", e)))?;
                     }
                     slot.busy = Some(sync::mark(&self.down).map_err(|e| self.local_cuda(&e))?);
                 }
@@ -357,9 +355,7 @@ impl Core {
                                 self.up.cu_stream(),
                             )
                         }
-                        .map_err(|e| {
-                            self.local_cuda(&CudaError::driver("cuMemcpyHtoDAsync", e))
-                        })?;
+                        .map_err(|e| self.local_cuda(&CudaError::driver("cuMemcpyHtoDAsync", e)))?;
                     }
                     slot.busy = Some(sync::mark(&self.up).map_err(|e| self.local_cuda(&e))?);
                 }

@@ -454,7 +454,10 @@ mod tests {
         for s in &steps {
             match s {
                 SendStep::Copy { part, slot, range } => {
-                    assert_eq!(in_slot[*slot as usize], None, "slot {slot} still holds a part");
+                    assert_eq!(
+                        in_slot[*slot as usize], None,
+                        "slot {slot} still holds a part"
+                    );
                     in_slot[*slot as usize] = Some(*part);
                     order.push(format!("c{part}"));
                     assert_eq!(range.start, *part as usize * 100);
@@ -566,7 +569,10 @@ mod tests {
         assert_eq!(parts.tag(0), tag);
         let t5 = parts.tag(5);
         assert_ne!(t5.op, tag.op);
-        assert_eq!(t5.op.0 & chorus_engine::P2P_SEQ_BIT, chorus_engine::P2P_SEQ_BIT);
+        assert_eq!(
+            t5.op.0 & chorus_engine::P2P_SEQ_BIT,
+            chorus_engine::P2P_SEQ_BIT
+        );
         assert_eq!((t5.step, t5.offset), (3, 64));
         let big = Tag {
             op: OpSeq(1 << PART_SHIFT),

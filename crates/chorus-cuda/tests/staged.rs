@@ -201,6 +201,9 @@ fn an_abort_ends_a_staged_operation_waiting_on_a_silent_peer_and_the_streams_dra
     let t = Instant::now();
     dev.synchronize(T).unwrap();
     assert!(t.elapsed() < Duration::from_millis(10), "{:?}", t.elapsed());
-    eprintln!("staged abort-to-return {took:?}, stream drain {:?}", t.elapsed());
+    eprintln!(
+        "staged abort-to-return {took:?}, stream drain {:?}",
+        t.elapsed()
+    );
     drop(buf);
 }
