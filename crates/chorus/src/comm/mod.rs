@@ -8,6 +8,8 @@
 //! step; it never looks like success (principle 5).
 
 mod blocking;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 mod membership;
 
 use std::sync::atomic::{AtomicBool, Ordering};
