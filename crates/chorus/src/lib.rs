@@ -31,7 +31,7 @@ pub mod unique_id;
 /// [`ErrorKind::Device`] on every member.
 #[cfg(feature = "cuda")]
 pub mod cuda {
-    pub use crate::comm::cuda::CudaComm;
+    pub use crate::comm::cuda::{CudaComm, probe};
     pub use chorus_cuda::CallerStream as Stream;
     pub use chorus_cuda::GpuMem;
 }

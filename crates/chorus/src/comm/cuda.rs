@@ -76,12 +76,26 @@ impl Comm {
         CudaComm::build(host, device, ordinal)
     }
 
+    /// The blocking twin of [`Comm::cuda`].
+    pub fn cuda_blocking(&self, ordinal: usize) -> Result<CudaComm> {
+        futures::executor::block_on(self.cuda(ordinal))
+    }
+
     fn device_error(&self, ordinal: usize, e: &CudaError) -> Error {
         self.stamp(Error::new(
             ErrorKind::Device,
             format!("cuda:{ordinal}: {e}"),
         ))
     }
+}
+
+/// `Ok` if this process can use CUDA device `ordinal` (driver, NVRTC, the device, the
+/// kernels compiled), else the [`ErrorKind::Device`] error saying what is missing. Opens
+/// the device once per process, as [`Comm::cuda`] does.
+pub fn probe(ordinal: usize) -> Result<()> {
+    chorus_cuda::Gpu::open(ordinal)
+        .map(|_| ())
+        .map_err(|e| Error::new(ErrorKind::Device, format!("cuda:{ordinal}: {e}")))
 }
 
 impl CudaComm {
@@ -151,6 +165,11 @@ impl CudaComm {
         let CudaComm { engine, host, .. } = self;
         drop(engine);
         host.destroy().await
+    }
+
+    /// The blocking twin of [`CudaComm::destroy`].
+    pub fn destroy_blocking(self) -> Result<()> {
+        futures::executor::block_on(self.destroy())
     }
 
     /// Runs one operation on device memory, ordered after the work on `stream`, its
