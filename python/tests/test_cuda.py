@@ -163,3 +163,16 @@ def test_a_torch_cuda_tensor_is_all_reduced_on_its_stream(comm):
         t.add_(1)
     torch.cuda.synchronize()
     assert torch.equal(t, torch.arange(1 << 16, dtype=torch.float32, device="cuda") * 2 + 1)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch")
+def test_the_torch_backend_registers_cuda_and_names_what_it_cannot_take():
+    import torch
+    import torch.distributed as dist
+
+    import chorus.torch as ct
+    from chorus.torch import _ops
+
+    assert "cuda" in dist.Backend.backend_capability[ct.BACKEND.lower()]
+    with pytest.raises(ValueError, match=r"^tensor: the chorus backend takes CPU and CUDA tensors, got a tensor on meta"):
+        _ops.check_tensor(torch.ones(2, device="meta"), "tensor")
