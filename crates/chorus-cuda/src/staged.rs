@@ -222,7 +222,9 @@ impl Core {
                 .wait(ev)
                 .map_err(|e| self.local_cuda(&CudaError::driver("cuStreamWaitEvent", e)))?;
         }
-        let mut slots = self.take_slots(self.plan.depth())?;
+        let header = pipe.header();
+        let slot_bytes = (header.chunk as u64).min(header.total) as usize;
+        let mut slots = self.take_slots(self.plan.depth(), slot_bytes)?;
         let result = self
             .run_send(&mut pipe, &parts, memory.ptr, &mut slots)
             .await;
@@ -243,7 +245,8 @@ impl Core {
             let step = pipe.next();
             match &step {
                 SendStep::Copy { slot, range, .. } => {
-                    let slot = &mut slots[*slot as usize];
+                    let slot =
+                        slot_mut(slots, *slot).ok_or_else(|| self.local("no staging slot"))?;
                     if !range.is_empty() {
                         let host = &mut slot.mem.as_mut_slice()[..range.len()];
                         // SAFETY: `src` holds the payload (checked by the engine's pack),
@@ -261,13 +264,15 @@ impl Core {
                     slot.busy = Some(sync::mark(&self.down).map_err(|e| self.local_cuda(&e))?);
                 }
                 SendStep::AwaitCopy { part } => {
-                    let slot = &slots[(*part % self.plan.depth()) as usize];
+                    let slot = slot_mut(slots, *part % self.plan.depth())
+                        .ok_or_else(|| self.local("no staging slot"))?;
                     if let Some(ev) = &slot.busy {
                         self.completion(ev, "a device-to-host copy").await?;
                     }
                 }
                 SendStep::Send { part, slot, range } => {
-                    let slot = &slots[*slot as usize];
+                    let slot =
+                        slot_mut(slots, *slot).ok_or_else(|| self.local("no staging slot"))?;
                     let data = &slot.mem.as_slice()[..range.len()];
                     let bytes = if *part == 0 {
                         let mut b = BytesMut::with_capacity(HEADER_BYTES + data.len());
@@ -288,7 +293,8 @@ impl Core {
     async fn recv(self: Arc<Self>, tag: Tag) -> Result<GpuPayload, LinkError> {
         let parts = Parts::new(tag).map_err(|e| self.local(&e.to_string()))?;
         let mut pipe = RecvPipeline::new(&self.plan);
-        let mut slots = self.take_slots(self.plan.depth())?;
+        // Taken once part 0 says how large the parts are.
+        let mut slots = Vec::new();
         let mut receiving = Receiving {
             payload: None,
             up: &self.up,
@@ -312,7 +318,7 @@ impl Core {
         pipe: &mut RecvPipeline,
         parts: &Parts,
         receiving: &mut Receiving<'_>,
-        slots: &mut [Slot],
+        slots: &mut Vec<Slot>,
     ) -> Result<(), LinkError> {
         let mut held: Option<Bytes> = None;
         loop {
@@ -326,20 +332,26 @@ impl Core {
                             .map_err(|e| self.violation(&e))?;
                         let _ = bytes.split_to(HEADER_BYTES);
                         receiving.payload = Some(self.allocate(header.total as usize)?);
+                        // No larger than a part the peer can send (its bytes are checked
+                        // against the header before any is staged).
+                        let slot_bytes = (header.chunk as u64).min(header.total) as usize;
+                        *slots = self.take_slots(self.plan.depth(), slot_bytes)?;
                     }
                     pipe.check_len(*part, bytes.len())
                         .map_err(|e| self.violation(&e))?;
                     held = Some(bytes);
                 }
                 RecvStep::AwaitSlot { part } => {
-                    let slot = &slots[(*part % self.plan.depth()) as usize];
+                    let slot = slot_mut(slots, *part % self.plan.depth())
+                        .ok_or_else(|| self.local("no staging slot"))?;
                     if let Some(ev) = &slot.busy {
                         self.completion(ev, "a host-to-device copy").await?;
                     }
                 }
                 RecvStep::Stage { slot, range, .. } => {
                     let bytes = held.take().unwrap_or_default();
-                    let slot = &mut slots[*slot as usize];
+                    let slot =
+                        slot_mut(slots, *slot).ok_or_else(|| self.local("no staging slot"))?;
                     let dst = receiving.payload.as_ref().map_or(0, |p| p.ptr);
                     if !range.is_empty() && dst != 0 {
                         let host = &mut slot.mem.as_mut_slice()[..range.len()];
@@ -384,9 +396,9 @@ impl Core {
         Ok(payload)
     }
 
-    /// Pinned slots for one operation: free ones from the pool whose last copy is done,
-    /// new ones for the rest.
-    fn take_slots(&self, n: u32) -> Result<Vec<Slot>, LinkError> {
+    /// `n` pinned slots of at least `bytes` for one operation: free ones from the pool
+    /// whose last copy is done, new ones for the rest.
+    fn take_slots(&self, n: u32, bytes: usize) -> Result<Vec<Slot>, LinkError> {
         let mut out = Vec::with_capacity(n as usize);
         {
             let mut pool = self.slots.lock();
@@ -396,7 +408,7 @@ impl Core {
                     None => true,
                     Some(ev) => ev.try_is_complete().unwrap_or(false),
                 };
-                if idle {
+                if idle && pool[i].mem.as_slice().len() >= bytes {
                     let mut s = pool.swap_remove(i);
                     s.busy = None;
                     out.push(s);
@@ -406,8 +418,7 @@ impl Core {
             }
         }
         while out.len() < n as usize {
-            let mem = MappedHost::new(self.device.gpu(), self.plan.chunk_bytes())
-                .map_err(|e| self.local_cuda(&e))?;
+            let mem = MappedHost::new(self.device.gpu(), bytes).map_err(|e| self.local_cuda(&e))?;
             out.push(Slot { mem, busy: None });
         }
         Ok(out)
@@ -500,4 +511,9 @@ impl Core {
             detail,
         }
     }
+}
+
+/// Slot `i` of an operation's slots (the schedule names only slots below its depth).
+fn slot_mut(slots: &mut [Slot], i: u32) -> Option<&mut Slot> {
+    slots.get_mut(i as usize)
 }

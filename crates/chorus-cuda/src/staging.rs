@@ -89,11 +89,17 @@ impl StagePlan {
         self.depth
     }
 
-    /// The header for a payload of `len` bytes cut by this plan.
+    /// The header for a payload of `len` bytes cut by this plan: parts of `chunk_bytes`,
+    /// or larger ones where that would take more than [`MAX_PARTS`].
     pub fn header(&self, len: usize) -> Result<Header, StageError> {
+        let chunk = self.chunk_bytes.max(len.div_ceil(MAX_PARTS as usize));
         let h = Header {
             total: len as u64,
-            chunk: self.chunk_bytes as u32,
+            chunk: u32::try_from(chunk).map_err(|_| StageError::TooManyParts {
+                len: len as u64,
+                chunk: self.chunk_bytes as u64,
+                parts: (len as u64).div_ceil(self.chunk_bytes as u64),
+            })?,
         };
         h.parts()?;
         Ok(h)
@@ -515,9 +521,11 @@ mod tests {
     }
 
     #[test]
-    fn a_payload_needing_too_many_parts_is_refused() {
-        let err = plan(1, 1).header(MAX_PARTS as usize + 1).unwrap_err();
-        assert!(matches!(err, StageError::TooManyParts { .. }), "{err}");
+    fn a_large_payload_travels_in_larger_parts_and_a_bad_plan_is_refused() {
+        let h = plan(1, 1).header(MAX_PARTS as usize * 3 + 1).unwrap();
+        assert_eq!(h.chunk, 4, "parts grow so that they stay within MAX_PARTS");
+        assert!(h.parts().unwrap() <= MAX_PARTS);
+        assert_eq!(plan(1, 1).header(MAX_PARTS as usize).unwrap().chunk, 1);
         assert!(StagePlan::new(0, 1).is_err());
         assert!(StagePlan::new(1, 0).is_err());
     }
