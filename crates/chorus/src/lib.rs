@@ -31,9 +31,10 @@ pub mod unique_id;
 /// [`ErrorKind::Device`] on every member.
 #[cfg(feature = "cuda")]
 pub mod cuda {
-    pub use crate::comm::cuda::{CudaComm, probe};
+    pub use crate::comm::cuda::{CudaComm, CudaOptions, probe};
     pub use chorus_cuda::CallerStream as Stream;
     pub use chorus_cuda::GpuMem;
+    pub use chorus_cuda::{LinkConfig, StagedConfig};
 }
 
 pub use chorus_control::Quorum;

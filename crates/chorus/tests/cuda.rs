@@ -11,7 +11,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use chorus::cuda::{CudaComm, Stream};
+use chorus::cuda::{CudaComm, CudaOptions, Stream};
 use chorus::{Buffer, Comm, Config, DType, ErrorKind, Reduction, RootHost};
 use chorus_cuda::CudaDevice;
 use chorus_cuda::testing::gpu_or_skip;
@@ -54,6 +54,13 @@ fn without_a_usable_device_every_member_gets_a_device_error_promptly() {
     let started = Instant::now();
     let out = run_ranks(2, |comm| {
         let err = block_on(comm.cuda(0)).unwrap_err();
+        // With device links asked for too: the same answer, and no rendezvous left waiting.
+        let linked = CudaOptions {
+            device_links: true,
+            ..CudaOptions::default()
+        };
+        let again = block_on(comm.cuda_with(0, &linked)).unwrap_err();
+        assert_eq!(again.kind(), ErrorKind::Device, "{again}");
         // The host communicator is still usable: only the device split failed.
         let mut x = [1.0f32; 4];
         comm.blocking()
@@ -78,16 +85,27 @@ fn without_a_usable_device_every_member_gets_a_device_error_promptly() {
 
 /// Rank `r`'s device communicator on GPU 0, and that device for staging test data.
 fn on_gpu(comm: &Comm) -> (CudaComm, CudaDevice) {
-    (block_on(comm.cuda(0)).unwrap(), CudaDevice::new(0).unwrap())
+    on_gpu_with(comm, &CudaOptions::default())
+}
+
+fn on_gpu_with(comm: &Comm, options: &CudaOptions) -> (CudaComm, CudaDevice) {
+    (
+        block_on(comm.cuda_with(0, options)).unwrap(),
+        CudaDevice::new(0).unwrap(),
+    )
 }
 
 fn all_reduce_on_the_callers_stream(world: u32) {
+    all_reduce_with(world, &CudaOptions::default());
+}
+
+fn all_reduce_with(world: u32, options: &CudaOptions) {
     if gpu_or_skip("Comm::cuda GPU tests").is_none() {
         return;
     }
     let n = 1 << 18;
     let sums = run_ranks(world, |comm| {
-        let (cuda, dev) = on_gpu(&comm);
+        let (cuda, dev) = on_gpu_with(&comm, options);
         let r = comm.rank() as f32;
         let data: Vec<u8> = (0..n).flat_map(|i| (r + i as f32).to_le_bytes()).collect();
         let mut buf = dev.buffer(data.len()).unwrap();
@@ -123,6 +141,15 @@ fn all_reduce_on_device_memory_at_2_ranks() {
 #[test]
 fn all_reduce_on_device_memory_at_4_ranks() {
     all_reduce_on_the_callers_stream(4);
+}
+
+#[test]
+fn all_reduce_over_device_links_between_members_on_one_gpu_at_4_ranks() {
+    let options = CudaOptions {
+        device_links: true,
+        ..CudaOptions::default()
+    };
+    all_reduce_with(4, &options);
 }
 
 #[test]

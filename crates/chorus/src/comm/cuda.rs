@@ -16,14 +16,17 @@
 //! drains as soon as the kernels already queued, copies and reductions, have run.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use chorus_cuda::{
-    CallerStream, CudaDevice, CudaError, GpuMem, GpuPayload, StagedConfig, StagedLink,
+    CallerStream, CudaDevice, CudaError, DeviceLink, GpuMem, GpuPayload, LinkConfig, StagedConfig,
+    StagedLink,
 };
-use chorus_engine::{Buffer, Engine, Link, Op, Reduction};
-use chorus_protocol::{DType, Rank};
+use chorus_engine::{Buffer, CancelReason, Engine, Link, Op, Reduction};
+use chorus_protocol::{CloseCode, DType, Rank};
 
 use super::Comm;
+use super::same_gpu::{CARD_WORDS, Card, Rendezvous, agreed, device_peers};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::epoch::engine_config;
 
@@ -34,6 +37,10 @@ type CudaEngine = Engine<CudaDevice, dyn Link<GpuPayload>>;
 pub struct CudaComm {
     engine: CudaEngine,
     device: CudaDevice,
+    /// The device links among `engine`'s links: the runtime cancels the host data links
+    /// on failures, these are cancelled here (which retires their device waits).
+    direct: Vec<Arc<DeviceLink>>,
+    staged: StagedConfig,
     /// The split of the host communicator this one runs on; dropped last.
     host: Comm,
 }
@@ -47,12 +54,32 @@ impl std::fmt::Debug for CudaComm {
     }
 }
 
+/// How [`Comm::cuda_with`] builds a device communicator. Every member passes the same.
+#[derive(Clone, Debug, Default)]
+pub struct CudaOptions {
+    /// Join members on the same GPU by device links (`chorus_cuda::DeviceLink`: device
+    /// memory slots, no host copies) instead of staging through pinned host memory. Off by
+    /// default until device links keep slot credit on the host: their device-side waits
+    /// for credit can block other streams when streams outnumber the hardware queues.
+    pub device_links: bool,
+    /// Part size, depth and bounds of the staged links.
+    pub staged: StagedConfig,
+    /// Slot geometry and deadlines of the device links.
+    pub link: LinkConfig,
+}
+
 impl Comm {
     /// This communicator's members on CUDA device `ordinal` (every member calls it, each
-    /// with its own device). Fails with [`ErrorKind::Device`] on every member if any member
-    /// cannot open its device (no driver, no NVRTC, no such device): the members agree on
-    /// that first, so none waits for one that gave up.
+    /// with its own device), with the default [`CudaOptions`]. Fails with
+    /// [`ErrorKind::Device`] on every member if any member cannot open its device (no
+    /// driver, no NVRTC, no such device): the members agree on that first, so none waits
+    /// for one that gave up.
     pub async fn cuda(&self, ordinal: usize) -> Result<CudaComm> {
+        self.cuda_with(ordinal, &CudaOptions::default()).await
+    }
+
+    /// [`Comm::cuda`] with `options` (the same on every member).
+    pub async fn cuda_with(&self, ordinal: usize, options: &CudaOptions) -> Result<CudaComm> {
         let host = self.split(Some(0), self.rank()).await?.ok_or_else(|| {
             self.stamp(Error::new(
                 ErrorKind::Internal,
@@ -60,11 +87,30 @@ impl Comm {
             ))
         })?;
         let opened = CudaDevice::new(ordinal);
-        let mine = [u32::from(opened.is_ok())];
-        let mut all = vec![0u32; host.size() as usize];
-        host.all_gather(&mine, &mut all).await?;
+        let rendezvous = match &opened {
+            Ok(_) if options.device_links => {
+                let nonce = rand::random::<u64>() | 1;
+                match Rendezvous::bind(nonce) {
+                    Ok(r) => Some((nonce, r)),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no device-link rendezvous socket; staging");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let card = Card {
+            ok: opened.is_ok(),
+            uuid: opened.as_ref().map(|d| d.gpu().uuid()).unwrap_or_default(),
+            nonce: rendezvous.as_ref().map_or(0, |(n, _)| *n),
+        };
+        let world = host.size() as usize;
+        let mut all = vec![0u32; world * CARD_WORDS];
+        host.all_gather(&card.encode(), &mut all).await?;
+        let cards: Vec<Card> = all.chunks(CARD_WORDS).map(Card::decode).collect();
         let device = opened.map_err(|e| host.device_error(ordinal, &e))?;
-        if let Some(r) = all.iter().position(|&ok| ok == 0) {
+        if let Some(r) = cards.iter().position(|c| !c.ok) {
             return Err(host.stamp(
                 Error::new(
                     ErrorKind::Device,
@@ -73,7 +119,63 @@ impl Comm {
                 .with_peer(Rank(r as u32)),
             ));
         }
-        CudaComm::build(host, device, ordinal)
+        let direct = if options.device_links {
+            let r = rendezvous.as_ref().map(|(_, r)| r);
+            host.device_links(&device, r, &cards, &options.link).await?
+        } else {
+            Vec::new()
+        };
+        CudaComm::build(host, device, ordinal, direct, &options.staged)
+    }
+
+    /// Device links to the members on this member's GPU that both ends connected (agreed
+    /// by an all-gather of who connected whom, so a pair either end could not connect
+    /// stays staged on both). Bounded by the init timeout.
+    async fn device_links(
+        &self,
+        device: &CudaDevice,
+        rendezvous: Option<&Rendezvous>,
+        cards: &[Card],
+        config: &LinkConfig,
+    ) -> Result<Vec<Arc<DeviceLink>>> {
+        let (me, world) = (self.rank() as usize, self.size() as usize);
+        let deadline = Instant::now() + self.inner.session.config.init_timeout;
+        let peers: Vec<(usize, u64)> = device_peers(me, cards)
+            .into_iter()
+            .map(|p| (p, cards[p].nonce))
+            .collect();
+        let sockets = rendezvous.map_or_else(Vec::new, |r| r.pair(me, &peers, deadline));
+        let links: Vec<(usize, DeviceLink)> = std::thread::scope(|s| {
+            let handshakes: Vec<_> = sockets
+                .into_iter()
+                .map(|(p, socket)| {
+                    let (me, peer) = (Rank(me as u32), Rank(p as u32));
+                    s.spawn(move || (p, DeviceLink::connect(device, me, peer, socket, config)))
+                })
+                .collect();
+            handshakes
+                .into_iter()
+                .filter_map(|h| h.join().ok())
+                .filter_map(|(p, r)| match r {
+                    Ok(link) => Some((p, link)),
+                    Err(e) => {
+                        tracing::debug!(peer = p, error = %e, "device link failed; staging");
+                        None
+                    }
+                })
+                .collect()
+        });
+        let mut row = vec![0u32; world];
+        for (p, _) in &links {
+            row[*p] = 1;
+        }
+        let mut table = vec![0u32; world * world];
+        self.all_gather(&row, &mut table).await?;
+        Ok(links
+            .into_iter()
+            .filter(|(p, _)| agreed(me, *p, world, &table))
+            .map(|(_, l)| Arc::new(l))
+            .collect())
     }
 
     /// The blocking twin of [`Comm::cuda`].
@@ -99,14 +201,23 @@ pub fn probe(ordinal: usize) -> Result<()> {
 }
 
 impl CudaComm {
-    fn build(host: Comm, device: CudaDevice, ordinal: usize) -> Result<CudaComm> {
+    fn build(
+        host: Comm,
+        device: CudaDevice,
+        ordinal: usize,
+        direct: Vec<Arc<DeviceLink>>,
+        staged: &StagedConfig,
+    ) -> Result<CudaComm> {
         let e = &host.inner.epoch;
         let config = &host.inner.session.config;
         device.set_settle_timeout(config.op_timeout);
-        let staged = StagedConfig::default();
         let mut links: Vec<Arc<dyn Link<GpuPayload>>> = Vec::with_capacity(e.hooks.links.len());
         for l in &e.hooks.links {
-            let link = StagedLink::new(&device, l.clone(), &staged)
+            if let Some(d) = direct.iter().find(|d| d.peer() == l.peer()) {
+                links.push(d.clone());
+                continue;
+            }
+            let link = StagedLink::new(&device, l.clone(), staged)
                 .map_err(|err| host.device_error(ordinal, &err))?;
             links.push(Arc::new(link));
         }
@@ -123,6 +234,8 @@ impl CudaComm {
         Ok(CudaComm {
             engine,
             device,
+            direct,
+            staged: staged.clone(),
             host,
         })
     }
@@ -151,19 +264,33 @@ impl CudaComm {
     /// `Aborted` and the caller's stream drains once its queued copies have run.
     pub fn abort(&self, reason: &str) {
         self.host.abort(reason);
+        self.cancel_direct(reason);
+    }
+
+    fn cancel_direct(&self, reason: &str) {
+        for l in &self.direct {
+            l.cancel(CancelReason::new(CloseCode::ABORTED, reason.to_owned()));
+        }
     }
 
     /// Survivors continue on a new epoch (as [`Comm::shrink`]), on the same devices.
     pub async fn shrink(&self) -> Result<CudaComm> {
         let host = self.host.shrink().await?;
         let ordinal = self.device.gpu().ordinal();
-        CudaComm::build(host, self.device.clone(), ordinal)
+        // The survivors stage: device links would need a new rendezvous.
+        CudaComm::build(host, self.device.clone(), ordinal, Vec::new(), &self.staged)
     }
 
     /// Leaves gracefully (as [`Comm::destroy`]), after the device engine lets go of the links.
     pub async fn destroy(self) -> Result<()> {
-        let CudaComm { engine, host, .. } = self;
+        let CudaComm {
+            engine,
+            direct,
+            host,
+            ..
+        } = self;
         drop(engine);
+        drop(direct);
         host.destroy().await
     }
 
@@ -278,6 +405,11 @@ impl CudaComm {
         result: std::result::Result<(), chorus_engine::OpError>,
         stream: &CallerStream,
     ) -> Result<()> {
+        if let Err(e) = &result {
+            // The engine is poisoned now; device waits on a peer must not outlive the
+            // operation (an abort lands here within the engine's reaction time).
+            self.cancel_direct(&format!("operation failed: {}", e.kind));
+        }
         let recorded = self.device.complete_on(stream);
         result.map_err(|e| self.host.op_failed(&e))?;
         recorded.map_err(|e| self.host.device_error(self.device.gpu().ordinal(), &e))

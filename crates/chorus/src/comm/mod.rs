@@ -11,6 +11,8 @@ mod blocking;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 mod membership;
+#[cfg(feature = "cuda")]
+mod same_gpu;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
