@@ -35,7 +35,8 @@ struct DeviceJob {
 pub(crate) struct PyCudaComm {
     tx: Mutex<Option<mpsc::Sender<DeviceJob>>>,
     exited: Arc<Slot<()>>,
-    cuda: Arc<CudaComm>,
+    /// `None` once closed.
+    cuda: Mutex<Option<Arc<CudaComm>>>,
     /// The host communicator, to abort when Ctrl-C interrupts a wait (its abort reaches
     /// this one, a split of it).
     host: std::sync::Weak<chorus::Comm>,
@@ -87,7 +88,7 @@ impl PyCudaComm {
         Ok(PyCudaComm {
             tx: Mutex::new(Some(tx)),
             exited,
-            cuda,
+            cuda: Mutex::new(Some(cuda)),
             host: weak,
             device,
         })
@@ -131,22 +132,37 @@ impl PyCudaComm {
     /// Aborts now (the host communicator stays usable); queued operations fail `Aborted`.
     #[pyo3(signature = (reason="aborted from Python"))]
     fn abort(&self, reason: &str) {
-        self.cuda.abort(reason);
+        if let Some(cuda) = self.cuda.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            cuda.abort(reason);
+        }
     }
 
     /// Accepts no more operations and waits (bounded by `timeout` seconds) until the queued
-    /// ones have finished; past it, aborts them. True if they finished in time.
+    /// ones have finished (past it, aborts them), then leaves the device communicator
+    /// (bounded by the teardown budget). True if the queued operations finished in time.
+    /// Idempotent.
     #[pyo3(signature = (timeout=30.0))]
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         let timeout = wait::seconds("timeout", timeout)?;
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(cuda) = self.cuda.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return Ok(true);
+        };
         let host = self.host.clone();
         let drained = wait::wait(py, &self.exited, Some(timeout), move || {
             work::interrupt(&host)
         })?;
         if !drained {
-            self.cuda
-                .abort("closed with device operations still queued");
+            cuda.abort("closed with device operations still queued");
+            wait::wait(py, &self.exited, Some(timeout), || {})?;
+        }
+        match Arc::try_unwrap(cuda) {
+            Ok(cuda) => {
+                wait::call(py, || {}, move || cuda.destroy_blocking())?
+                    .map_err(|e| error::to_py(py, &e))?;
+            }
+            // The submission thread still holds it (it did not exit in time): leave at once.
+            Err(shared) => shared.abort("closed while an operation was still running"),
         }
         Ok(drained)
     }
