@@ -541,10 +541,19 @@ mod tests {
     #[test]
     fn a_large_payload_travels_in_larger_parts_and_a_bad_plan_is_refused() {
         let h = plan(16, 1).header(MAX_PARTS as usize * 24 + 8).unwrap();
-        assert_eq!(h.chunk, 32, "parts grow, in whole aligned units, to stay within MAX_PARTS");
+        assert_eq!(
+            h.chunk, 32,
+            "parts grow, in whole aligned units, to stay within MAX_PARTS"
+        );
         assert!(h.parts().unwrap() <= MAX_PARTS);
-        assert_eq!(plan(16, 1).header(MAX_PARTS as usize * 16).unwrap().chunk, 16);
-        assert!(StagePlan::new(24, 1).is_err(), "not a multiple of PART_ALIGN");
+        assert_eq!(
+            plan(16, 1).header(MAX_PARTS as usize * 16).unwrap().chunk,
+            16
+        );
+        assert!(
+            StagePlan::new(24, 1).is_err(),
+            "not a multiple of PART_ALIGN"
+        );
         assert!(StagePlan::new(0, 1).is_err());
         assert!(StagePlan::new(1, 0).is_err());
     }
