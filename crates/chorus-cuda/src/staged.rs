@@ -377,23 +377,32 @@ impl Core {
         }
     }
 
-    /// A device payload of `len` bytes from the main stream's allocator (so it is freed in
-    /// order behind the engine's reads of it), ordered before the upload stream.
+    /// A device payload of `len` bytes, allocated in order on the upload stream (so the
+    /// copies into it wait for nothing the main stream queued) and freed, as every payload
+    /// is, on the main stream behind its `ready` event and the engine's reads of it.
     fn allocate(&self, len: usize) -> Result<GpuPayload, LinkError> {
         let inner = &self.device.inner;
-        let ptr = inner.alloc.alloc(len).map_err(|e| self.local_cuda(&e))?;
-        let payload = GpuPayload {
+        let ptr = if len == 0 {
+            0
+        } else {
+            self.device.gpu().bind().map_err(|e| self.local_cuda(&e))?;
+            // SAFETY: a stream-ordered allocation on a live stream of this context; it is
+            // freed once, by the payload's drop, on the main stream after `ready` (an event
+            // on this stream recorded after every use here).
+            unsafe { result::malloc_async(self.up.cu_stream(), len) }.map_err(|e| {
+                self.local_cuda(&CudaError::OutOfMemory {
+                    bytes: len,
+                    detail: format!("cuMemAllocAsync: {e:?}"),
+                })
+            })?
+        };
+        Ok(GpuPayload {
             ptr,
             len,
             ready: None,
             alloc: inner.alloc.clone(),
             origin: None,
-        };
-        let allocated = sync::mark(&inner.stream).map_err(|e| self.local_cuda(&e))?;
-        self.up
-            .wait(&allocated)
-            .map_err(|e| self.local_cuda(&CudaError::driver("cuStreamWaitEvent", e)))?;
-        Ok(payload)
+        })
     }
 
     /// `n` pinned slots of at least `bytes` for one operation: free ones from the pool
