@@ -26,7 +26,7 @@ use chorus_protocol::{CloseCode, Rank};
 use cudarc::driver::{CudaEvent, CudaStream, result};
 use parking_lot::Mutex;
 
-use crate::device::CudaDevice;
+use crate::device::{Attached, CudaDevice};
 use crate::error::CudaError;
 use crate::mapped::MappedHost;
 use crate::payload::GpuPayload;
@@ -102,7 +102,7 @@ impl StagedLink {
                 .new_stream()
                 .map_err(|e| CudaError::driver("cuStreamCreate", e))
         };
-        Ok(StagedLink {
+        let link = StagedLink {
             core: Arc::new(Core {
                 inner,
                 device: device.clone(),
@@ -112,7 +112,11 @@ impl StagedLink {
                 slots: Mutex::new(Vec::new()),
                 config: config.clone(),
             }),
-        })
+        };
+        // The device's synchronisation drains this link's copy streams too.
+        let weak = Arc::downgrade(&link.core);
+        device.attach(weak);
+        Ok(link)
     }
 
     /// Wait (at most `timeout`) until this link's copy streams have run what is queued.
@@ -145,6 +149,18 @@ impl Link<GpuPayload> for StagedLink {
 
     fn failure(&self) -> Option<LinkError> {
         self.core.inner.failure()
+    }
+}
+
+impl Attached for Core {
+    fn streams(&self) -> Vec<Arc<CudaStream>> {
+        vec![self.down.clone(), self.up.clone()]
+    }
+
+    /// Never: a staged receive either delivers every byte or fails its operation, so no
+    /// device work is left holding data an abort cut short.
+    fn failed(&self) -> Option<(Rank, String)> {
+        None
     }
 }
 
