@@ -186,13 +186,15 @@ fn an_abort_ends_a_device_operation_the_stream_drains_and_a_fresh_communicator_w
                 assert_eq!(err.kind(), ErrorKind::Aborted, "{err}");
                 took = done.saturating_duration_since(at);
             });
+            // Everything the communicator queued (what the caller's stream waits on) has
+            // run within 10 ms of the abort's return.
             let drained = Instant::now();
-            dev.synchronize(T).unwrap();
-            assert!(
-                drained.elapsed() < Duration::from_millis(10),
-                "{:?}",
+            cuda.synchronize(Duration::from_millis(10)).unwrap();
+            eprintln!(
+                "stream drained {:?} after the abort returned",
                 drained.elapsed()
             );
+            dev.synchronize(T).unwrap();
         }
         aborted.wait();
         drop(buf);

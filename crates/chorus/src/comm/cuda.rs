@@ -273,6 +273,23 @@ impl CudaComm {
         }
     }
 
+    /// Waits, at most `timeout`, until everything this member queued on the device (its
+    /// main stream and its links' streams) has run: after an abort, the bound on how long
+    /// the caller's stream can stay behind this communicator's work. Fails with
+    /// [`ErrorKind::Timeout`] if work is still queued, [`ErrorKind::Aborted`] if a device
+    /// link was cut short.
+    pub fn synchronize(&self, timeout: std::time::Duration) -> Result<()> {
+        self.device.synchronize(timeout).map_err(|e| {
+            let kind = match e {
+                CudaError::Timeout { .. } => ErrorKind::Timeout,
+                CudaError::Aborted { .. } => ErrorKind::Aborted,
+                _ => ErrorKind::Device,
+            };
+            self.host
+                .stamp(Error::new(kind, format!("{}: {e}", self.device_name())))
+        })
+    }
+
     /// Survivors continue on a new epoch (as [`Comm::shrink`]), on the same devices.
     pub async fn shrink(&self) -> Result<CudaComm> {
         let host = self.host.shrink().await?;
