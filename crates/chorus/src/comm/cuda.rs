@@ -13,7 +13,10 @@
 //! stream then waits on the main stream, so work the caller queues on it afterwards sees
 //! the result. Nothing of the operation waits on a peer on the device (the staged links
 //! wait on the host, bounded and ended by an abort), so after an abort the caller's stream
-//! drains as soon as the kernels already queued, copies and reductions, have run.
+//! drains as soon as the kernels already queued, copies and reductions, have run. With
+//! [`CudaOptions::device_links`], members on one GPU use `DeviceLink`s, whose kernels do
+//! wait on the peer: a failed or aborted operation cancels them before it returns, which
+//! retires those waits (the abort word), so the same holds.
 
 use std::sync::Arc;
 use std::time::Instant;
