@@ -18,7 +18,7 @@ import ctypes
 import sys
 from typing import Any, NamedTuple, Optional, Tuple
 
-from . import _chorus
+from . import _chorus, _cuda
 
 # {name: (wire code, bytes per element)}, from the extension.
 _DTYPES = _chorus.DTYPES
@@ -49,7 +49,11 @@ class Buf(NamedTuple):
 
 def describe(obj: Any, name: str, *, writable: bool) -> Buf:
     """``obj`` as a buffer; ``ValueError``/``TypeError`` naming ``name`` when it cannot
-    be one (or cannot be written to when ``writable``)."""
+    be one (or cannot be written to when ``writable``). CUDA memory is described by
+    ``chorus._cuda``."""
+    device = _cuda.describe(obj, name, writable=writable)
+    if device is not None:
+        return device  # type: ignore[return-value]
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         return _tensor(obj, name)

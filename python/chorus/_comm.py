@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, List, Optional, Tuple, Union
 
-from . import _chorus
+from . import _chorus, _cuda
 from ._buffers import Buf, describe
 from ._health import Health, Member, _health, _members
 from ._work import Work
@@ -238,7 +238,7 @@ class Comm:
         finally:
             self._group = None
         if g.ops:
-            g.work._w = self._c.submit(g.ops, True, tuple(g.keep))
+            g.work._w = _cuda.submit(self, g.ops, True, tuple(g.keep))
             if not async_op:
                 g.work.wait()
 
@@ -287,6 +287,7 @@ class Comm:
 
     def destroy(self) -> None:
         """Leaves gracefully, bounded by the teardown budget (idempotent)."""
+        _cuda.close(self)
         self._c.destroy()
 
     def __enter__(self) -> "Comm":
@@ -325,7 +326,7 @@ class Comm:
             g.ops.append(spec)
             g.keep.append(keep)
             return g.work
-        work = self._c.submit([spec], False, keep)
+        work = _cuda.submit(self, [spec], False, keep)
         if async_op:
             return Work(work)
         work.wait()

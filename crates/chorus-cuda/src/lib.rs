@@ -15,6 +15,10 @@
 //! - The engine's completion, [`chorus_engine::Device::settle`] ([`CudaDevice::settle_unless`]):
 //!   a bounded, abort-aware wait for the main stream at the end of every operation, which
 //!   also fails the operation if an abort kept any of the bytes it read from arriving.
+//! - [`StagedLink`]: `Link<GpuPayload>` over a host link (tcp, quic, shm) for peers on
+//!   another GPU or host, by the schedule of [`staging`].
+//! - [`CallerStream`] with [`CudaDevice::order_after`] and [`CudaDevice::complete_on`]: a
+//!   rank's work ordered after the caller's stream, and its completion recorded on it.
 //! - [`CudaDevice::synchronize`]: the bounded wait for everything a rank queued, its links'
 //!   streams included.
 //!
@@ -38,12 +42,15 @@ pub mod link;
 pub mod local;
 mod mapped;
 pub mod memory;
+mod ordering;
 pub mod payload;
 mod pool;
 pub mod probe;
 pub mod reference;
 mod region;
 pub mod source;
+pub mod staged;
+pub mod staging;
 mod sync;
 #[cfg(feature = "testkit")]
 pub mod testing;
@@ -53,4 +60,6 @@ pub use error::CudaError;
 pub use gpu::Gpu;
 pub use link::{DeviceLink, LinkConfig};
 pub use memory::{GpuBuffer, GpuMem};
+pub use ordering::CallerStream;
 pub use payload::GpuPayload;
+pub use staged::{StagedConfig, StagedLink};

@@ -45,7 +45,7 @@ impl PyComm {
         })
     }
 
-    fn get(&self) -> PyResult<Arc<Comm>> {
+    pub(crate) fn get(&self) -> PyResult<Arc<Comm>> {
         self.comm
             .lock()
             .unwrap_or_else(|e| e.into_inner())

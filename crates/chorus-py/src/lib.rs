@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 
 mod comm;
 mod config;
+mod cuda;
 mod error;
 mod op;
 mod queue;
@@ -27,6 +28,8 @@ fn _chorus(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<comm::PyComm>()?;
     m.add_class::<work::Work>()?;
+    m.add_class::<cuda::PyCudaComm>()?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_unavailable, m)?)?;
     m.add_class::<unique_id::PyUniqueId>()?;
     m.add_function(wrap_pyfunction!(config::config_keys, m)?)?;
     m.add("DTYPES", op::dtype_table(m.py())?)?;

@@ -27,7 +27,7 @@ pub(crate) struct OpTuple(
 );
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     AllReduce,
     Reduce,
     Broadcast,
@@ -43,9 +43,9 @@ enum Kind {
 
 /// Caller memory: `len` bytes at `addr`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-struct Raw {
-    addr: usize,
-    len: usize,
+pub(crate) struct Raw {
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
 }
 
 impl Raw {
@@ -59,13 +59,13 @@ impl Raw {
 
 /// A parsed collective.
 pub(crate) struct Spec {
-    kind: Kind,
-    send: Option<Raw>,
-    recv: Option<Raw>,
-    count: usize,
-    dtype: DType,
-    reduction: Reduction,
-    peer: u32,
+    pub(crate) kind: Kind,
+    pub(crate) send: Option<Raw>,
+    pub(crate) recv: Option<Raw>,
+    pub(crate) count: usize,
+    pub(crate) dtype: DType,
+    pub(crate) reduction: Reduction,
+    pub(crate) peer: u32,
 }
 
 /// Parses a group of collectives submitted together. No memory one of them writes may

@@ -24,6 +24,19 @@ pub mod status;
 mod testkit;
 pub mod unique_id;
 
+/// Collectives on CUDA device memory, ordered on the caller's stream (the `cuda` feature):
+/// [`Comm::cuda`] makes a [`cuda::CudaComm`] of a communicator's members; device memory is
+/// borrowed with [`cuda::GpuMem::from_raw`] and streams with [`cuda::Stream::from_raw`].
+/// CUDA is loaded at run time: without a driver, `Comm::cuda` fails with
+/// [`ErrorKind::Device`] on every member.
+#[cfg(feature = "cuda")]
+pub mod cuda {
+    pub use crate::comm::cuda::{CudaComm, CudaOptions, probe};
+    pub use chorus_cuda::CallerStream as Stream;
+    pub use chorus_cuda::GpuMem;
+    pub use chorus_cuda::{LinkConfig, StagedConfig};
+}
+
 pub use chorus_control::Quorum;
 pub use chorus_engine::{Buffer, Op, Reduction};
 pub use chorus_protocol::JobSecret;

@@ -29,6 +29,7 @@ from torch.distributed import distributed_c10d as _c10d
 
 import chorus
 
+from . import _cuda
 from ._backend import ProcessGroupChorus, config_from_env, rendezvous
 from ._backend import _seconds
 
@@ -81,7 +82,7 @@ def _launcher_token(opts: object, rank: int, size: int) -> Optional[str]:
 def _register() -> None:
     if "CHORUS" in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=_cuda.DEVICES)
 
 
 _register()

@@ -13,6 +13,8 @@ from typing import Optional, Sequence
 import torch
 from torch.distributed import ReduceOp
 
+from . import _cuda
+
 # torch dtype -> the chorus dtype name reductions run in; every other dtype travels as
 # bytes (broadcast, gathers, all-to-all, send/recv), which needs no arithmetic.
 _REDUCIBLE = {
@@ -87,15 +89,12 @@ def reduction(op: object) -> Reduction:
 
 
 def check_tensor(t: object, what: str) -> torch.Tensor:
-    """``t`` as a tensor chorus can read and write in place: dense, CPU, contiguous."""
+    """``t`` as a tensor chorus can read and write in place: dense, contiguous, on the CPU
+    or a usable CUDA device."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
-        raise ValueError(
-            f"{what}: the chorus backend takes CPU tensors only (GPU support comes later), "
-            f"got a tensor on {t.device}; move it to the CPU or use "
-            "backend=\"cpu:chorus,cuda:nccl\""
-        )
+        _cuda.check(t, what)
     if t.layout != torch.strided:
         raise ValueError(f"{what}: expected a dense (strided) tensor, got layout {t.layout}")
     if not t.is_contiguous():

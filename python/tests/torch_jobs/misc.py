@@ -143,7 +143,7 @@ dist.barrier(group=world)
 g.abort()
 
 # --- tensors chorus cannot take: refused at the call, the group stays usable -----------
-expect(ValueError, lambda: dist.all_reduce(torch.ones(2, device="meta")), "CPU tensors only")
+expect(ValueError, lambda: dist.all_reduce(torch.ones(2, device="meta")), "takes CPU and CUDA tensors")
 expect(ValueError, lambda: dist.broadcast(torch.ones(3, 2)[:, 0], src=0), "contiguous")
 expect(ValueError, lambda: dist.group.WORLD.send([torch.ones(1)], rank, 0), "another rank")
 ones_reduced()

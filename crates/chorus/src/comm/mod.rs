@@ -8,7 +8,11 @@
 //! step; it never looks like success (principle 5).
 
 mod blocking;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 mod membership;
+#[cfg(feature = "cuda")]
+mod same_gpu;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};

@@ -170,7 +170,7 @@ async fn build_epoch(
 }
 
 /// The engine's configuration from the communicator's (algorithm overrides checked here).
-fn engine_config(config: &Config) -> Result<EngineConfig> {
+pub(crate) fn engine_config(config: &Config) -> Result<EngineConfig> {
     let mut ec = EngineConfig::default();
     for (collective, name) in &config.algorithms.0 {
         let algo = chorus_engine::Algorithm::from_name(name).ok_or_else(|| {
