@@ -159,7 +159,7 @@ impl Attached for Core {
 
     /// Never: a staged receive either delivers every byte or fails its operation, so no
     /// device work is left holding data an abort cut short.
-    fn failed(&self) -> Option<(Rank, String)> {
+    fn take_failure(&self) -> Option<(Rank, String)> {
         None
     }
 }
