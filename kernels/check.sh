@@ -19,7 +19,7 @@
 #   dry run:         bash kernels/check.sh --dry-run     (what would run, with what limits)
 #
 # Options: --dry-run; --bin DIR (staged binaries, default target/device); --only NAME[,NAME]
-# (run only those steps: unit, gpu, matrix, processes, bench, nccl).
+# (run only those steps: unit, gpu, matrix, processes, comm, bench, nccl).
 # Results and logs go to $OUT (else target/device-check): check.log, chorus_bench.jsonl,
 # nccl_bench.jsonl. Every step has a time limit; a failed step is reported and the check goes
 # on to the summary; the exit status is 1 if any step failed, 2 if there was nothing to run.
@@ -152,6 +152,11 @@ if have test-gpu; then
       "$bin/test-gpu" --test-threads=1 --nocapture --exact \
       every_collective_dtype_and_reduction_at_2_and_4_ranks_in_processes
   fi
+fi
+if wanted comm && have test-staged && have test-cuda; then
+  step "device memory through Comm: staged links at 2 and 4 ranks, abort and drain" 60 \
+    env CHORUS_REQUIRE_GPU=1 bash -c '"$1" --test-threads=1 --nocapture && "$2" --test-threads=1 --nocapture' \
+    _ "$bin/test-staged" "$bin/test-cuda"
 fi
 if wanted bench && have gpu_bench; then
   step "chorus benchmark (reduce vs copy, all-reduce 2 and 4 ranks 1 MiB..1 GiB, abort-retire)" 55 \

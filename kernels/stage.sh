@@ -7,7 +7,8 @@
 #   timeout_s=400)
 #
 # Staged: the crate's unit tests (test-chorus_cuda: settle, abort records and guards on the
-# GPU), the GPU tests (test-gpu: the engine's collectives on device memory) and gpu_bench.
+# GPU), the GPU tests (test-gpu: the engine's collectives on device memory), the staged
+# link's (test-staged), chorus's device communicator's (test-cuda) and gpu_bench.
 #
 # The binaries need glibc >= this machine's (Debian 12: 2.36); the device image is newer.
 set -euo pipefail
@@ -26,11 +27,16 @@ if ! timeout 1800 cargo test -p chorus-cuda --release --no-run --message-format=
   say "building the tests failed (cargo's errors above)"
   exit 1
 fi
+# Device memory through chorus::Comm (the `cuda` feature): its staged-link and Comm tests.
+if ! timeout 1800 cargo test -p chorus --features cuda --release --no-run --test cuda --message-format=json-render-diagnostics >>"$json"; then
+  say "building chorus's device tests failed (cargo's errors above)"
+  exit 1
+fi
 if ! timeout 1800 cargo build -p chorus-cuda --release --example gpu_bench; then
   say "building gpu_bench failed (cargo's errors above)"
   exit 1
 fi
-for t in chorus_cuda gpu; do
+for t in chorus_cuda gpu staged cuda; do
   exe=$(grep '"executable":"' "$json" | grep "\"name\":\"$t\"" |
         sed 's/.*"executable":"\([^"]*\)".*/\1/' | tail -1)
   if [[ -z "$exe" || ! -x "$exe" ]]; then
