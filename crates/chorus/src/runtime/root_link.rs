@@ -151,8 +151,11 @@ async fn serve(
             Some(exit) = exits.recv() => pending.push_back(exit),
             _ = tick.tick() => {
                 let deadline = Instant::now() + ASK_TIMEOUT;
-                let answer =
-                    ask(&endpoint, id.comm, id.root, id.fingerprint, Rank::NONE, deadline).await;
+                // A stop does not wait for an ask to a master that went silent.
+                let answer = tokio::select! {
+                    _ = &mut stop => break,
+                    a = ask(&endpoint, id.comm, id.root, id.fingerprint, Rank::NONE, deadline) => a,
+                };
                 let mut seen = seen.lock();
                 match answer {
                     Ok(reply) => {
