@@ -201,8 +201,17 @@ impl Launcher {
         }
         let intake = signals::Intake::install().map_err(LaunchError::Signals)?;
         cleanup::become_subreaper();
+        let mut spec = spec;
         let root = JobRoot::start(&spec.root, spec.layout.world(), &spec.config)?;
         let token = root.unique_id().to_token();
+        // Ranks bind loopback unless told: across hosts they must bind where the others
+        // can reach them, the address this host reaches the root from.
+        if std::env::var_os("CHORUS_BIND").is_none()
+            && !spec.env.iter().any(|(k, _)| k == "CHORUS_BIND")
+            && let Some(ip) = root::local_ip_toward(root.unique_id().root)
+        {
+            spec.env.push(("CHORUS_BIND".into(), ip.to_string().into()));
+        }
         // A joining node read its token from the file: it is node 0's to write.
         if let (Some(path), JobRoot::Hosted(_)) = (&spec.token_file, &root) {
             token::write(path, &token).map_err(|source| LaunchError::TokenFile {

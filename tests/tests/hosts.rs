@@ -1,0 +1,233 @@
+//! Faults across hosts (issue 17, section 3): 3 network-namespace hosts × 2 ranks, one node
+//! launcher per host, heartbeat 100 ms and deadline 1 s. Across hosts nothing tells a
+//! survivor that a peer is gone (no pidfd, no FIN, no launcher on its host): only silence
+//! and the deadline do. Skips with one line where the bed cannot be built (not root, no
+//! `ip`/`nft`/`unshare`, or no `chorus` binary: `cargo build -p chorus-cli`).
+
+#![allow(clippy::print_stderr)] // the skip line
+#![allow(clippy::print_stdout)] // measurements, shown with --nocapture
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chorus_tests::Event;
+use chorus_tests::bed::{Bed, BedJob};
+use chorus_tests::clock::ms_between;
+
+const DEADLINE_MS: f64 = 1000.0;
+/// The teardown budget (`CHORUS_TEARDOWN_BUDGET`'s default).
+const TEARDOWN_MS: f64 = 2000.0;
+const WAIT: Duration = Duration::from_secs(20);
+/// The host every scenario takes away: ranks 4 and 5.
+const LOST: usize = 2;
+const SURVIVORS: [usize; 4] = [0, 1, 2, 3];
+
+/// A bed of 3 hosts with the job looping, or `None` (skip line printed).
+fn start(what: &str, host_env: &[(usize, &str, &str)]) -> Option<Bed> {
+    let mut bed = match Bed::new(3) {
+        Ok(b) => b,
+        Err(why) => {
+            // Straight to the stderr handle: the harness shows `eprintln!` only for
+            // failing tests, and a skip must be seen.
+            let line = format!("skipped: {what}: no host bed ({why})\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            return None;
+        }
+    };
+    let env = [
+        ("CHORUS_HEARTBEAT_INTERVAL", "100ms"),
+        ("CHORUS_HEARTBEAT_DEADLINE", "1s"),
+        ("CT_START", "loop"),
+        ("CT_ON_FAIL", "shrink"),
+        ("CT_SIZES", "1,1024,16384"),
+        ("CT_LIFETIME_S", "120"),
+    ];
+    let job = BedJob {
+        per_node: 2,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        host_env: host_env
+            .iter()
+            .map(|(h, k, v)| (*h, k.to_string(), v.to_string()))
+            .collect(),
+        start_timeout: Duration::from_secs(60),
+        rank: PathBuf::from(env!("CARGO_BIN_EXE_chorus-test-rank")),
+    };
+    if let Err(e) = bed.launch(&job) {
+        panic!("{what}: the job did not start: {e}");
+    }
+    for s in 0..6 {
+        expect(&mut bed, s, &["looping"]);
+    }
+    // Let the all-reduces run for a while: the fault lands mid-operation.
+    std::thread::sleep(Duration::from_millis(400));
+    Some(bed)
+}
+
+fn expect(bed: &mut Bed, slot: usize, evs: &[&str]) -> Event {
+    match bed.wait_any(slot, evs, WAIT) {
+        Some(e) => e,
+        None => panic!("slot {slot}: no {evs:?} within {WAIT:?}:{}", bed.diagnose()),
+    }
+}
+
+/// Every survivor fails naming a rank of the lost host within `bound_ms` of `at`.
+fn survivors_fail(bed: &mut Bed, at: u64, bound_ms: f64, what: &str) {
+    let lost: BTreeSet<u64> = [4, 5].into();
+    for s in SURVIVORS {
+        let f = expect(bed, s, &["failed"]);
+        let latency = ms_between(at, f.t());
+        println!(
+            "{what}: slot {s} failed {latency:.0} ms after the fault: {}",
+            f.str("detail").unwrap_or("")
+        );
+        assert!(
+            f.kind() == "peer-failed" && f.peer().is_some_and(|p| lost.contains(&p)),
+            "{what}: slot {s} should fail naming rank 4 or 5: {f}{}",
+            bed.diagnose()
+        );
+        assert!(
+            latency <= bound_ms,
+            "{what}: slot {s} failed {latency:.0} ms after, bound {bound_ms} ms"
+        );
+    }
+}
+
+/// The survivors shrink to the same 4-rank membership (no split brain), in order.
+fn survivors_agree(bed: &mut Bed, what: &str) {
+    let mut agreed = BTreeSet::new();
+    for (s, want) in SURVIVORS.iter().zip(0u64..) {
+        let e = expect(bed, *s, &["shrunk", "shrink-failed"]);
+        assert_eq!(e.ev(), "shrunk", "{what}: slot {s}: {e}{}", bed.diagnose());
+        assert_eq!(
+            (e.u64("world"), e.u64("rank")),
+            (Some(4), Some(want)),
+            "{what}: {e}"
+        );
+        agreed.insert((e.u64("epoch"), e.u64("comm")));
+    }
+    assert_eq!(
+        agreed.len(),
+        1,
+        "{what}: one membership, one epoch: {agreed:?}"
+    );
+}
+
+/// The survivors finish together on 4 ranks, every result checked by the ranks.
+fn survivors_finish(bed: &mut Bed, what: &str) {
+    bed.send_all(&SURVIVORS, "finish");
+    for s in SURVIVORS {
+        let e = expect(bed, s, &["finished", "error"]);
+        assert_eq!(
+            (e.ev(), e.u64("world")),
+            ("finished", Some(4)),
+            "{what}: slot {s}: {e}"
+        );
+    }
+}
+
+/// 1. The host vanishes: link silenced, every process SIGKILLed, link deleted.
+#[test]
+fn a_vanished_host_fails_every_survivor_by_the_deadline_and_they_go_on_as_four() {
+    let Some(mut bed) = start("vanished host", &[]) else {
+        return;
+    };
+    let at = bed.vanish(LOST).unwrap();
+    survivors_fail(&mut bed, at, DEADLINE_MS * 1.2, "vanish");
+    survivors_agree(&mut bed, "vanish");
+    survivors_finish(&mut bed, "vanish");
+}
+
+/// 2. Partition: host 2 cut off mid all-reduce. The majority shrinks; the minority fails
+/// with a named error by the deadline and cannot shrink under the majority quorum; no
+/// minority rank ever runs in the new epoch.
+#[test]
+fn a_partitioned_host_cannot_shrink_and_the_majority_goes_on_alone() {
+    let Some(mut bed) = start("partition", &[]) else {
+        return;
+    };
+    bed.cut(LOST).unwrap();
+    let at = chorus_tests::clock::mono_ns();
+    for s in bed.slots_of(LOST) {
+        let f = expect(&mut bed, s, &["failed"]);
+        let latency = ms_between(at, f.t());
+        println!("partition: minority slot {s} failed {latency:.0} ms after the cut: {f}");
+        assert!(!f.kind().is_empty(), "a named error: {f}");
+        assert!(
+            latency <= DEADLINE_MS * 1.2,
+            "minority slot {s}: {latency:.0} ms"
+        );
+        let shrink = expect(&mut bed, s, &["shrunk", "shrink-failed"]);
+        assert_eq!(
+            (shrink.ev(), shrink.kind()),
+            ("shrink-failed", "no-quorum"),
+            "{shrink}"
+        );
+    }
+    survivors_fail(&mut bed, at, DEADLINE_MS * 1.2, "partition");
+    survivors_agree(&mut bed, "partition");
+    bed.heal(LOST).unwrap();
+    survivors_finish(&mut bed, "partition");
+    for s in bed.slots_of(LOST) {
+        let log = bed.log(s);
+        assert!(
+            !log.iter()
+                .any(|e| matches!(e.ev(), "shrunk" | "finished" | "grown")),
+            "minority slot {s} ran in a new epoch: {log:?}"
+        );
+    }
+}
+
+/// 4. A frozen host: SIGSTOP of every process; detection by the deadline; on SIGCONT its
+/// ranks learn they were evicted.
+#[test]
+fn a_frozen_host_is_detected_by_the_deadline_and_evicted_on_resume() {
+    let Some(mut bed) = start("frozen host", &[]) else {
+        return;
+    };
+    let at = bed.signal_host(LOST, libc::SIGSTOP);
+    survivors_fail(&mut bed, at, DEADLINE_MS * 1.2, "freeze");
+    survivors_agree(&mut bed, "freeze");
+    std::thread::sleep(Duration::from_millis(300));
+    bed.signal_host(LOST, libc::SIGCONT);
+    for s in bed.slots_of(LOST) {
+        let f = expect(&mut bed, s, &["failed"]);
+        assert_eq!(f.kind(), "evicted", "resumed slot {s}: {f}");
+    }
+    survivors_finish(&mut bed, "freeze");
+}
+
+/// 6. Teardown across hosts: `destroy` while a remote host is frozen, and while one is cut
+/// off, stays within the teardown budget. The ranks finish first, so `destroy` is called
+/// while idle, before anyone's deadline could notice the fault.
+#[test]
+fn destroy_stays_within_the_teardown_budget_with_a_remote_host_frozen_or_cut_off() {
+    for fault in ["frozen", "cut off"] {
+        let Some(mut bed) = start("teardown", &[]) else {
+            return;
+        };
+        let all: Vec<usize> = (0..6).collect();
+        bed.send_all(&all, "finish");
+        for s in all {
+            expect(&mut bed, s, &["finished"]);
+        }
+        if fault == "frozen" {
+            bed.signal_host(LOST, libc::SIGSTOP);
+        } else {
+            bed.cut(LOST).unwrap();
+        }
+        bed.send_all(&SURVIVORS, "destroy");
+        for s in SURVIVORS {
+            let d = expect(&mut bed, s, &["destroyed"]);
+            let ms = d.f64("ms").unwrap_or(f64::MAX);
+            println!("teardown, remote host {fault}: slot {s} destroyed in {ms:.0} ms");
+            assert!(
+                ms <= TEARDOWN_MS * 1.2,
+                "{fault}: slot {s} took {ms:.0} ms: {d}"
+            );
+        }
+    }
+}
