@@ -168,7 +168,7 @@ impl Bed {
         let chorus = chorus_bin()?;
         self.per_node = job.per_node;
         let n = self.hosts.len();
-        let master = format!("{}:{MASTER_PORT}", self.hosts[0].addr);
+        let master = self.master();
         let token = self.dir.join("token");
         for slot in 0..n * job.per_node as usize {
             self.slots.push(Reports {
@@ -183,34 +183,30 @@ impl Bed {
             let log = std::fs::File::create(self.dir.join(format!("launcher-{i}.log")))
                 .map_err(|e| format!("launcher log: {e}"))?;
             let err = log.try_clone().map_err(|e| format!("launcher log: {e}"))?;
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", &self.hosts[i].ns, "unshare", "--uts", "--"])
-                .args(["sh", "-c", "hostname \"$0\" && exec \"$@\""])
-                .arg(format!("{}-host{i}", self.id))
-                .arg(&chorus)
-                .args([
-                    "run",
-                    "--nnodes",
-                    &n.to_string(),
-                    "--node-rank",
-                    &i.to_string(),
-                ])
-                .args(["--master", &master, "--token-file"])
-                .arg(&token)
-                .args(["-n", &job.per_node.to_string(), "--"])
-                .arg(&job.rank)
-                .env("CT_COMMANDS", self.dir.join("cmd-%r"))
-                .env("CT_EVENTS", self.dir.join("ev-%r"))
-                .envs(job.env.iter().map(|(k, v)| (k, v)))
-                .envs(
-                    job.host_env
-                        .iter()
-                        .filter(|(h, _, _)| *h == i)
-                        .map(|(_, k, v)| (k, v)),
-                )
-                .stdin(Stdio::null())
-                .stdout(log)
-                .stderr(err);
+            let mut cmd = self.command(i, &chorus);
+            cmd.args([
+                "run",
+                "--nnodes",
+                &n.to_string(),
+                "--node-rank",
+                &i.to_string(),
+            ])
+            .args(["--master", &master, "--token-file"])
+            .arg(&token)
+            .args(["-n", &job.per_node.to_string(), "--"])
+            .arg(&job.rank)
+            .env("CT_COMMANDS", self.dir.join("cmd-%r"))
+            .env("CT_EVENTS", self.dir.join("ev-%r"))
+            .envs(job.env.iter().map(|(k, v)| (k, v)))
+            .envs(
+                job.host_env
+                    .iter()
+                    .filter(|(h, _, _)| *h == i)
+                    .map(|(_, k, v)| (k, v)),
+            )
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err);
             let child = cmd
                 .spawn()
                 .map_err(|e| format!("cannot start host {i}: {e}"))?;
@@ -225,6 +221,22 @@ impl Bed {
             }
         }
         Ok(())
+    }
+
+    /// `program` to run on host `i`: in its network namespace, under a UTS namespace with
+    /// the host's own hostname. Its processes are the host's ([`Bed::pids`]).
+    pub fn command(&self, i: usize, program: &Path) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.hosts[i].ns, "unshare", "--uts", "--"])
+            .args(["sh", "-c", "hostname \"$0\" && exec \"$@\""])
+            .arg(format!("{}-host{i}", self.id))
+            .arg(program);
+        cmd
+    }
+
+    /// The address node 0's root listens on (`--master`).
+    pub fn master(&self) -> String {
+        format!("{}:{MASTER_PORT}", self.hosts[0].addr)
     }
 
     /// Appends `command` to `slot`'s command file.
