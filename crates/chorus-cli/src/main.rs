@@ -37,11 +37,15 @@ struct Cli {
 enum Command {
     /// Launch N ranks of PROGRAM on this machine (CHORUS_* and torchrun variables set).
     ///
+    /// On many hosts, run it on each with --nnodes, --node-rank and --master HOST:PORT (node
+    /// 0 first: it hosts the bootstrap root there and writes --token-file for the others).
+    ///
     /// Exit codes: 0 every rank exited 0; 1 a rank failed (non-zero exit or a signal);
     /// 2 bad command line; 3 launcher error; 124 --timeout passed; 128+N interrupted by
     /// signal N (forwarded to the ranks).
     Run(run::RunArgs),
-    /// Measure a collective the way nccl-tests does, ranks as processes on 127.0.0.1.
+    /// Measure a collective the way nccl-tests does, ranks as processes on 127.0.0.1 (or on
+    /// many hosts with --nnodes, --node-rank and --master, as `chorus run`).
     ///
     /// Without arguments: all-reduce of float sum on 4 ranks, 8 B to 64 MiB.
     /// Exit codes as `chorus run`, and 1 when a result was wrong or the sweep could not
