@@ -170,15 +170,7 @@ impl Bed {
         let n = self.hosts.len();
         let master = self.master();
         let token = self.dir.join("token");
-        for slot in 0..n * job.per_node as usize {
-            self.slots.push(Reports {
-                path: self.dir.join(format!("ev-{slot}")),
-                offset: 0,
-                partial: String::new(),
-                queue: VecDeque::new(),
-                log: Vec::new(),
-            });
-        }
+        self.watch(n * job.per_node as usize);
         for i in 0..n {
             let log = std::fs::File::create(self.dir.join(format!("launcher-{i}.log")))
                 .map_err(|e| format!("launcher log: {e}"))?;
@@ -221,6 +213,20 @@ impl Bed {
             }
         }
         Ok(())
+    }
+
+    /// Follows the report files of slots `0..slots` (`ev-SLOT` in [`Bed::dir`], what
+    /// `CT_EVENTS=DIR/ev-%r` names), for ranks started without [`Bed::launch`].
+    pub fn watch(&mut self, slots: usize) {
+        for slot in self.slots.len()..slots {
+            self.slots.push(Reports {
+                path: self.dir.join(format!("ev-{slot}")),
+                offset: 0,
+                partial: String::new(),
+                queue: VecDeque::new(),
+                log: Vec::new(),
+            });
+        }
     }
 
     /// `program` to run on host `i`: in its network namespace, under a UTS namespace with

@@ -27,7 +27,8 @@
 //! - `CT_LOG`: a tracing filter (`chorus=debug`); logs go to stderr.
 //! - `CT_COMMANDS`, `CT_EVENTS`: files to follow for commands and to append reports to,
 //!   instead of stdin and stdout (for ranks started by `chorus run`, whose stdin is closed
-//!   and whose stdout is shared); `%r` in either is replaced by `CHORUS_RANK`.
+//!   and whose stdout is shared); `%r` in either is replaced by the rank (`CHORUS_RANK`,
+//!   else `RANK`, else `SLURM_PROCID`).
 //!
 //! Commands: `loop`, `finish`, `destroy`, `abort`, `grow N`, `split-abort MS`,
 //! `split-wait`, `send PEER N TIMES`, `recv PEER N DELAY_MS TIMES`, `health`,
@@ -595,10 +596,14 @@ fn emit(mut v: Value) {
     }
 }
 
-/// `var`'s path with `%r` replaced by this process's `CHORUS_RANK`.
+/// `var`'s path with `%r` replaced by this process's rank as its launcher set it
+/// (`CHORUS_RANK`, torchrun's `RANK`, Slurm's `SLURM_PROCID`).
 fn slot_path(var: &str) -> Option<String> {
     let path = std::env::var(var).ok()?;
-    let rank = std::env::var("CHORUS_RANK").unwrap_or_default();
+    let rank = ["CHORUS_RANK", "RANK", "SLURM_PROCID"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .unwrap_or_default();
     Some(path.replace("%r", &rank))
 }
 

@@ -208,7 +208,7 @@ impl Launcher {
         // can reach them, the address this host reaches the root from.
         if std::env::var_os("CHORUS_BIND").is_none()
             && !spec.env.iter().any(|(k, _)| k == "CHORUS_BIND")
-            && let Some(ip) = root::local_ip_toward(root.unique_id().root)
+            && let Some(ip) = chorus::launch::local_ip_toward(root.unique_id().root)
         {
             spec.env.push(("CHORUS_BIND".into(), ip.to_string().into()));
         }

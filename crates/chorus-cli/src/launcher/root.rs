@@ -112,25 +112,6 @@ impl JobRoot {
     }
 }
 
-/// The address this host reaches `root` from (the one its ranks should bind, so that
-/// other hosts can reach them): `None` for a loopback root, where the default (loopback)
-/// is right, or when no route says.
-pub(crate) fn local_ip_toward(root: SocketAddr) -> Option<std::net::IpAddr> {
-    if root.ip().is_loopback() {
-        return None;
-    }
-    let any: SocketAddr = if root.is_ipv4() {
-        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    // A connected UDP socket sends nothing; connecting only picks the route and source.
-    let probe = std::net::UdpSocket::bind(any).ok()?;
-    probe.connect(root).ok()?;
-    let ip = probe.local_addr().ok()?.ip();
-    (!ip.is_unspecified()).then_some(ip)
-}
-
 /// How long a master may be silent: half the init timeout, so that stopping this node's
 /// ranks (SIGTERM, they depart) still ends within the init timeout of the loss.
 fn silence_budget(init_timeout: Duration) -> Duration {
@@ -166,6 +147,7 @@ mod tests {
 
     #[test]
     fn ranks_bind_the_address_that_routes_to_the_root() {
+        use chorus::launch::local_ip_toward;
         assert_eq!(local_ip_toward("127.0.0.1:29500".parse().unwrap()), None);
         // A root on this host's own non-loopback address (if it has one) is reached from it.
         let here = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
