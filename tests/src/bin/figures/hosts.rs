@@ -67,10 +67,22 @@ pub(crate) fn main(argv: Vec<String>) {
             }
         }
         failed_runs += failed;
-        rows.push((format!("{name}: fault to failed op (ms)"), samples));
+        let mut these = vec![(format!("{name}: fault to failed op (ms)"), samples)];
         if let Some(label) = scenario.extra() {
-            rows.push((format!("{label} (ms)"), extra));
+            these.push((format!("{label} (ms)"), extra));
         }
+        // Each scenario's rows as soon as they are measured: a long run cut short keeps them.
+        eprintln!("chorus-figures: {name}: {failed} run(s) failed");
+        for (label, samples) in &these {
+            eprintln!(
+                "chorus-figures: {label}: n {} p50 {:.1} p99 {:.1} max {:.1}",
+                samples.len(),
+                chorus_tests::stats::percentile(samples, 50.0),
+                chorus_tests::stats::percentile(samples, 99.0),
+                chorus_tests::stats::percentile(samples, 100.0)
+            );
+        }
+        rows.extend(these);
     }
     println!(
         "3 namespace hosts x 2 ranks, heartbeat {} / deadline {}, {} runs per scenario, {} \
@@ -238,14 +250,23 @@ fn bad_network_loop(args: &Args) {
     bed.send_all(&all, "finish");
     let mut iters = 0;
     for s in all.clone() {
-        if let Some(e) = bed.wait_any(s, &["finished"], Duration::from_secs(120)) {
+        // A rank that failed meanwhile has shrunk or left: it says `exit`, not `finished`.
+        if let Some(e) = bed.wait_any(s, &["finished", "exit"], Duration::from_secs(30))
+            && e.ev() == "finished"
+        {
             iters = iters.max(e.u64("iters").unwrap_or(0));
         }
     }
-    let false_deaths: usize = all
+    let failures: Vec<String> = all
         .iter()
-        .map(|&s| bed.log(s).iter().filter(|e| e.ev() == "failed").count())
-        .sum();
+        .flat_map(|&s| bed.log(s))
+        .filter(|e| e.ev() == "failed")
+        .map(|e| e.str("detail").unwrap_or("").to_owned())
+        .collect();
+    let false_deaths = failures.len();
+    for f in &failures {
+        eprintln!("chorus-figures: false death: {f}");
+    }
     println!(
         "\nbad network: {minutes} min all-reduce loop on {network}, default heartbeat and \
          deadline: {false_deaths} false death(s), {iters} iterations\n"
