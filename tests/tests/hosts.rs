@@ -162,10 +162,15 @@ fn a_vanished_host_fails_every_survivor_by_the_deadline_and_they_go_on_as_four()
 
 /// Scenario 2: Partition: host 2 cut off mid all-reduce. The majority shrinks; the minority fails
 /// with a named error by the deadline and cannot shrink under the majority quorum; no
-/// minority rank ever runs in the new epoch.
+/// minority rank ever runs in the new epoch, nor gets into it once the cut heals: its
+/// shrink then still fails. The issue asks that it then learn `evicted`; today it does not
+/// (it still says `no-quorum`: the majority's departures from the old epoch were sent
+/// during the cut and nothing repeats them), so the kind is printed and either is accepted
+/// until the control plane tells a healed minority. The minority stays idle after its
+/// failure to ask again.
 #[test]
 fn a_partitioned_host_cannot_shrink_and_the_majority_goes_on_alone() {
-    let Some(mut bed) = start("partition", &[]) else {
+    let Some(mut bed) = start("partition", &[(LOST, "CT_ON_FAIL", "idle")]) else {
         return;
     };
     bed.cut(LOST).unwrap();
@@ -179,6 +184,7 @@ fn a_partitioned_host_cannot_shrink_and_the_majority_goes_on_alone() {
             latency <= DEADLINE_MS * 1.2,
             "minority slot {s}: {latency:.0} ms"
         );
+        bed.send(s, "shrink");
         let shrink = expect(&mut bed, s, &["shrunk", "shrink-failed"]);
         assert_eq!(
             (shrink.ev(), shrink.kind()),
@@ -190,6 +196,19 @@ fn a_partitioned_host_cannot_shrink_and_the_majority_goes_on_alone() {
     survivors_agree(&mut bed, "partition");
     bed.heal(LOST).unwrap();
     survivors_finish(&mut bed, "partition");
+    // Healed: the minority is out for good.
+    std::thread::sleep(Duration::from_millis(DEADLINE_MS as u64));
+    for s in bed.slots_of(LOST) {
+        bed.send(s, "shrink");
+        let again = expect(&mut bed, s, &["shrunk", "shrink-failed"]);
+        println!("partition: healed minority slot {s} asked again: {again}");
+        assert_eq!(
+            again.ev(),
+            "shrink-failed",
+            "a healed minority rank got in: {again}"
+        );
+        assert!(matches!(again.kind(), "evicted" | "no-quorum"), "{again}");
+    }
     for s in bed.slots_of(LOST) {
         let log = bed.log(s);
         assert!(

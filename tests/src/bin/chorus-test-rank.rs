@@ -30,7 +30,7 @@
 //!   and whose stdout is shared); `%r` in either is replaced by the rank (`CHORUS_RANK`,
 //!   else `RANK`, else `SLURM_PROCID`).
 //!
-//! Commands: `loop`, `finish`, `destroy`, `abort`, `grow N`, `split-abort MS`,
+//! Commands: `loop`, `finish`, `destroy`, `abort`, `shrink`, `grow N`, `split-abort MS`,
 //! `split-wait`, `send PEER N TIMES`, `recv PEER N DELAY_MS TIMES`, `health`,
 //! `exit`. Unknown commands are reported as `error` events.
 
@@ -225,6 +225,13 @@ impl Rank {
             }
             "health" => {
                 self.health();
+                Some(false)
+            }
+            // One shrink while idle (a rank whose failure left it idle asks later).
+            "shrink" => {
+                if self.shrink_once().is_ok() {
+                    self.finish = false;
+                }
                 Some(false)
             }
             "split-wait" => {
