@@ -12,8 +12,8 @@
 //! Ranks are `chorus-test-rank` with `CT_COMMANDS`/`CT_EVENTS` files (the launcher closes
 //! their stdin and shares their stdout); a slot is the rank's global first-epoch rank.
 //! Dropping the bed kills every process in every host and deletes every namespace (their
-//! links go with them), also when a test panics. Names are unique per bed, so tests may run
-//! in parallel. Where it cannot work (not root, no `ip`, `nft` or `unshare`, no `chorus`
+//! links go with them), also when a test panics. Names are unique per bed; beds in one
+//! process run one at a time (a lock), as jobs do. Where it cannot work (not root, no `ip`, `nft` or `unshare`, no `chorus`
 //! binary), [`Bed::new`] says why and the test skips with one line.
 
 #![allow(clippy::print_stderr)] // cleanup trouble goes to the test's stderr
@@ -26,6 +26,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use parking_lot::{Mutex, MutexGuard};
+
 use crate::clock::mono_ns;
 use crate::event::Event;
 
@@ -36,6 +38,10 @@ pub const MASTER_PORT: u16 = 29400;
 const TABLE: &str = "chorus_bed";
 
 static BEDS: AtomicU32 = AtomicU32::new(0);
+
+/// One bed at a time per process: the tests assert detection bounds, and two beds of six
+/// looping ranks on a 2-core machine would starve each other's heartbeats.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// How the job on the bed runs.
 #[derive(Clone, Debug)]
@@ -79,6 +85,7 @@ pub struct Bed {
     dir: PathBuf,
     slots: Vec<Reports>,
     per_node: u32,
+    _serial: MutexGuard<'static, ()>,
 }
 
 impl Bed {
@@ -100,6 +107,7 @@ impl Bed {
             }
         }
         chorus_bin()?;
+        let guard = SERIAL.lock();
         let serial = BEDS.fetch_add(1, Ordering::Relaxed);
         // Short (interface names have 15 bytes) and unique: this process, then its beds.
         let id = format!("cb{:04x}{:02x}", std::process::id() & 0xffff, serial & 0xff);
@@ -113,6 +121,7 @@ impl Bed {
             dir,
             slots: Vec::new(),
             per_node: 0,
+            _serial: guard,
         };
         // From here on Drop removes whatever was made, whatever fails next.
         run("ip", &["netns", "add", &bed.bridge])?;
