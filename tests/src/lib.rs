@@ -8,9 +8,12 @@
 //! - [`probe`]: clients that send bad input to a job's listening ports.
 //! - [`netns`]: a network namespace of the caller's own with an nftables cut, and [`cut`]:
 //!   the run that silences one rank inside it (the partitioned-minority test and figures).
+//! - [`bed`]: hosts as network namespaces on a bridge, one node launcher each, and the
+//!   faults a cluster has (cut, vanish, freeze, netem, one-way drop).
 //! - [`clock`]: the host-wide monotonic clock the ranks report in.
 //! - [`stats`]: percentiles for the figures.
 
+pub mod bed;
 pub mod clock;
 pub mod cut;
 pub mod event;

@@ -9,6 +9,7 @@
 mod bench;
 mod exit;
 mod launcher;
+mod nodes;
 mod run;
 mod signal;
 mod size;
@@ -36,11 +37,15 @@ struct Cli {
 enum Command {
     /// Launch N ranks of PROGRAM on this machine (CHORUS_* and torchrun variables set).
     ///
+    /// On many hosts, run it on each with --nnodes, --node-rank and --master HOST:PORT (node
+    /// 0 first: it hosts the bootstrap root there and writes --token-file for the others).
+    ///
     /// Exit codes: 0 every rank exited 0; 1 a rank failed (non-zero exit or a signal);
     /// 2 bad command line; 3 launcher error; 124 --timeout passed; 128+N interrupted by
     /// signal N (forwarded to the ranks).
     Run(run::RunArgs),
-    /// Measure a collective the way nccl-tests does, ranks as processes on 127.0.0.1.
+    /// Measure a collective the way nccl-tests does, ranks as processes on 127.0.0.1 (or on
+    /// many hosts with --nnodes, --node-rank and --master, as `chorus run`).
     ///
     /// Without arguments: all-reduce of float sum on 4 ranks, 8 B to 64 MiB.
     /// Exit codes as `chorus run`, and 1 when a result was wrong or the sweep could not
@@ -56,12 +61,30 @@ enum Command {
 /// The launcher's options, shared by `run` and `bench`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct LaunchArgs {
-    /// Address of the job's bootstrap root (the launcher hosts it): IP or IP:PORT.
-    #[arg(long, value_name = "ADDR", value_parser = bind_addr, default_value = "127.0.0.1")]
-    pub(crate) bind: SocketAddr,
-    /// Write the job's token here (for `chorus status`); it holds the job secret (mode 0600).
+    /// Address of the job's bootstrap root (the launcher hosts it): IP or IP:PORT
+    /// [default: 127.0.0.1]. One node only; with --nnodes, --master says where it is.
+    #[arg(long, value_name = "ADDR", value_parser = bind_addr, conflicts_with = "master")]
+    pub(crate) bind: Option<SocketAddr>,
+    /// Nodes in the job, each running this command with -n ranks (torchrun's --nnodes).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) nnodes: u32,
+    /// This node's index, 0 to N-1; node 0 hosts the bootstrap root at --master.
+    #[arg(long, value_name = "I")]
+    pub(crate) node_rank: Option<u32>,
+    /// The bootstrap root's address, HOST:PORT, on node 0 (torchrun's master): node 0 binds
+    /// it, the other nodes join it.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) master: Option<String>,
+    /// Write the job's token here (for `chorus status`, and on node 0 for the other nodes);
+    /// it holds the job secret (mode 0600). On the other nodes: read it from here, waiting
+    /// for node 0 to write it within the init timeout (a shared filesystem).
     #[arg(long, value_name = "PATH")]
     pub(crate) token_file: Option<PathBuf>,
+    /// On nodes other than 0: the job token node 0 printed (instead of --token-file; it
+    /// holds the secret, so other users may see it in the process list).
+    #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
+    pub(crate) token: Option<String>,
     /// While stopping: SIGKILL the remaining ranks once this long passes with no rank exiting.
     #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "10s")]
     pub(crate) reap_budget: Duration,

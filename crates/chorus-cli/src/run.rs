@@ -1,4 +1,5 @@
-//! `chorus run -n N -- PROGRAM ARGS…`: the local launcher as a command.
+//! `chorus run -n N -- PROGRAM ARGS…`: the launcher as a command, on one node or, with
+//! `--nnodes N --node-rank I --master HOST:PORT`, on each node of many (torchrun's shape).
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -13,7 +14,7 @@ const LABEL: &str = "chorus run";
 
 #[derive(Args, Debug)]
 pub(crate) struct RunArgs {
-    /// Number of ranks (processes) to start.
+    /// Number of ranks (processes) to start on this node.
     #[arg(short = 'n', long = "ranks", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) ranks: u32,
     #[command(flatten)]
@@ -49,12 +50,17 @@ pub(crate) fn run(args: RunArgs) -> Verdict {
     let Some((program, program_args)) = crate::program(&args.command) else {
         return crate::fail(LABEL, "no program to run", Verdict::Usage);
     };
+    let plan = match crate::nodes::plan(&args.launch, args.ranks, crate::nodes::resolve) {
+        Ok(p) => p,
+        Err(e) => return crate::fail(LABEL, &e, Verdict::Usage),
+    };
+    let layout = plan.layout;
     let spec = JobSpec {
         label: LABEL,
-        world: args.ranks,
+        layout,
         program,
         args: program_args,
-        bind: args.launch.bind,
+        root: plan.root,
         config,
         reap_budget: args.launch.reap_budget,
         final_wait: Duration::from_secs(5),
@@ -70,14 +76,32 @@ pub(crate) fn run(args: RunArgs) -> Verdict {
         Err(e) => return crate::fail(LABEL, &e.to_string(), Verdict::LauncherError),
     };
     if !args.quiet {
+        let place = if layout.multi() {
+            format!(
+                "node {} of {}: ranks {}..={} of {} ",
+                layout.node,
+                layout.nnodes,
+                layout.global(0),
+                layout.global(layout.per_node - 1),
+                layout.world()
+            )
+        } else {
+            String::new()
+        };
         note(
             LABEL,
             &format!(
-                "{} rank(s) started (pids {:?}); job token (also CHORUS_UNIQUE_ID): {}",
+                "{place}{} rank(s) started (pids {:?}); job token (also CHORUS_UNIQUE_ID): {}",
                 args.ranks,
                 launcher.pids(),
                 launcher.token()
             ),
+        );
+    } else if layout.multi() && launcher.hosts_root() && args.launch.token_file.is_none() {
+        // The other nodes cannot start without it, quiet or not.
+        note(
+            LABEL,
+            &format!("job token for the other nodes: {}", launcher.token()),
         );
     }
     let report = launcher.run(|_, _| {});

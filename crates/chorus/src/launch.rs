@@ -172,6 +172,25 @@ pub enum LaunchError {
     },
 }
 
+/// The address this host reaches `root` from: what a member should bind so that members on
+/// other hosts reach it (the default bind, loopback, reaches only this host). `None` for a
+/// loopback root, or when no route says. Nothing is sent: connecting a UDP socket only
+/// picks the route and the source address.
+pub fn local_ip_toward(root: SocketAddr) -> Option<IpAddr> {
+    if root.ip().is_loopback() {
+        return None;
+    }
+    let any: SocketAddr = if root.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let probe = std::net::UdpSocket::bind(any).ok()?;
+    probe.connect(root).ok()?;
+    let ip = probe.local_addr().ok()?.ip();
+    (!ip.is_unspecified()).then_some(ip)
+}
+
 /// Reads the launch from the process environment.
 pub fn detect() -> Result<Launch, LaunchError> {
     detect_with(|var| std::env::var(var).ok())

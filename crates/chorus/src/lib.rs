@@ -51,4 +51,5 @@ pub use error::{Error, ErrorKind, Result};
 pub use introspection::{Health, Member, OpPhase, PeerCondition, PeerHealth, RecentOp};
 pub use launch::{Launch, LaunchError, LaunchSource, RootSpec, SecretSource};
 pub use runtime::root::RootHost;
+pub use runtime::root_link::RootLink;
 pub use unique_id::UniqueId;

@@ -161,7 +161,7 @@ async fn query_async(id: &UniqueId, timeout: Duration) -> Result<JobStatus, Erro
 }
 
 /// A QUIC endpoint that only connects: it admits nobody.
-fn client_endpoint(id: &UniqueId, timeout: Duration) -> Result<QuicEndpoint, Error> {
+pub(crate) fn client_endpoint(id: &UniqueId, timeout: Duration) -> Result<QuicEndpoint, Error> {
     let transport = |what: &str, e: chorus_transport::TransportError| {
         Error::new(ErrorKind::Transport, format!("{what}: {e}"))
     };
@@ -194,7 +194,7 @@ fn client_endpoint(id: &UniqueId, timeout: Duration) -> Result<QuicEndpoint, Err
 
 /// One `StatusRequest` with the table, on a fresh `Status` stream to `addr`, expecting
 /// `rank` to answer; bounded by `deadline`.
-async fn ask(
+pub(crate) async fn ask(
     endpoint: &QuicEndpoint,
     comm: CommId,
     addr: SocketAddr,

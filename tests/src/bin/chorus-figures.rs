@@ -16,6 +16,9 @@
 //! `shrink()` that fails with `no-quorum`, from the cut to that return, and the others'
 //! `shrink()`; heartbeats every tenth of the deadline (default `--deadline 1s`).
 //!
+//! `chorus-figures hosts` measures detection across network-namespace hosts instead
+//! (`figures/hosts.rs`).
+//!
 //! Build everything first, then run (the rank program is found beside this binary):
 //!
 //! ```sh
@@ -37,6 +40,9 @@ use rand::{Rng, SeedableRng};
 
 const WAIT: Duration = Duration::from_secs(60);
 
+#[path = "figures/hosts.rs"]
+mod hosts;
+
 struct Opts {
     /// `chorus-figures cut`: only the cut-off minority's figures.
     cut: bool,
@@ -47,6 +53,10 @@ struct Opts {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("hosts") {
+        hosts::main(std::env::args().skip(2).collect());
+        return;
+    }
     let opts = parse_args();
     if opts.cut {
         cut_figures(&opts);

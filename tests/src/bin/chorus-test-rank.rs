@@ -25,8 +25,12 @@
 //! - `CT_LIFETIME_S`: the process gives up and exits after this long (default 300).
 //! - `CT_OLD=destroy`: after a shrink, destroy the old communicator (default: drop it).
 //! - `CT_LOG`: a tracing filter (`chorus=debug`); logs go to stderr.
+//! - `CT_COMMANDS`, `CT_EVENTS`: files to follow for commands and to append reports to,
+//!   instead of stdin and stdout (for ranks started by `chorus run`, whose stdin is closed
+//!   and whose stdout is shared); `%r` in either is replaced by the rank (`CHORUS_RANK`,
+//!   else `RANK`, else `SLURM_PROCID`).
 //!
-//! Commands: `loop`, `finish`, `destroy`, `abort`, `grow N`, `split-abort MS`,
+//! Commands: `loop`, `finish`, `destroy`, `abort`, `shrink`, `grow N`, `split-abort MS`,
 //! `split-wait`, `send PEER N TIMES`, `recv PEER N DELAY_MS TIMES`, `health`,
 //! `exit`. Unknown commands are reported as `error` events.
 
@@ -53,7 +57,10 @@ fn main() {
             .try_init();
     }
     let lifetime = Duration::from_secs(env_u64("CT_LIFETIME_S", 300));
-    let commands = spawn_stdin_reader();
+    let commands = match slot_path("CT_COMMANDS") {
+        Some(path) => spawn_file_reader(path),
+        None => spawn_stdin_reader(),
+    };
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => fail_exit("config", &e.to_string()),
@@ -218,6 +225,13 @@ impl Rank {
             }
             "health" => {
                 self.health();
+                Some(false)
+            }
+            // One shrink while idle (a rank whose failure left it idle asks later).
+            "shrink" => {
+                if self.shrink_once().is_ok() {
+                    self.finish = false;
+                }
                 Some(false)
             }
             "split-wait" => {
@@ -563,9 +577,78 @@ fn emit(mut v: Value) {
     if let Value::Object(m) = &mut v {
         m.entry("t").or_insert(json!(mono_ns()));
     }
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{v}");
-    let _ = out.flush();
+    static EVENTS: std::sync::OnceLock<Option<std::sync::Mutex<std::fs::File>>> =
+        std::sync::OnceLock::new();
+    let file = EVENTS.get_or_init(|| {
+        let path = slot_path("CT_EVENTS")?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()?;
+        Some(std::sync::Mutex::new(file))
+    });
+    match file {
+        // One write per line: a reader never sees half a report.
+        Some(f) => {
+            if let Ok(mut f) = f.lock() {
+                let _ = f.write_all(format!("{v}\n").as_bytes());
+            }
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{v}");
+            let _ = out.flush();
+        }
+    }
+}
+
+/// `var`'s path with `%r` replaced by this process's rank as its launcher set it
+/// (`CHORUS_RANK`, torchrun's `RANK`, Slurm's `SLURM_PROCID`).
+fn slot_path(var: &str) -> Option<String> {
+    let path = std::env::var(var).ok()?;
+    let rank = ["CHORUS_RANK", "RANK", "SLURM_PROCID"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .unwrap_or_default();
+    Some(path.replace("%r", &rank))
+}
+
+/// Follows `path` (created if missing) for command lines, as `tail -f` would.
+fn spawn_file_reader(path: String) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .open(&path);
+        let Ok(file) = file else {
+            let _ = tx.send("eof".to_owned());
+            return;
+        };
+        let mut reader = std::io::BufReader::new(file);
+        let mut line = String::new();
+        loop {
+            match reader.read_line(&mut line) {
+                Ok(0) => thread::sleep(Duration::from_millis(20)),
+                Ok(_) if line.ends_with('\n') => {
+                    let command = line.trim().to_owned();
+                    line.clear();
+                    if !command.is_empty() && tx.send(command).is_err() {
+                        return;
+                    }
+                }
+                // Half a line: the rest is still being written.
+                Ok(_) => thread::sleep(Duration::from_millis(5)),
+                Err(_) => {
+                    let _ = tx.send("eof".to_owned());
+                    return;
+                }
+            }
+        }
+    });
+    rx
 }
 
 fn fail_exit(what: &str, detail: &str) -> ! {

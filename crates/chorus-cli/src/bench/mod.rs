@@ -29,7 +29,7 @@ pub(crate) use rank::RankArgs;
 
 use crate::LaunchArgs;
 use crate::exit::Verdict;
-use crate::launcher::{JobSpec, LaunchEvent, Launcher, note};
+use crate::launcher::{JobSpec, LaunchEvent, Launcher, Layout, note};
 use crate::size::ByteSize;
 use report::{Doc, Incident, Measure, RankMs, Row};
 use wire::{RankEvent, Timing};
@@ -41,7 +41,7 @@ pub(crate) struct BenchArgs {
     /// The collective to measure.
     #[arg(value_enum, default_value_t = Coll::AllReduce)]
     pub(crate) collective: Coll,
-    /// Number of ranks (processes on this machine).
+    /// Number of ranks (processes) on this node.
     #[arg(short = 'n', long = "ranks", value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=256))]
     pub(crate) ranks: u32,
@@ -62,7 +62,14 @@ fn transport(s: &str) -> Result<TransportChoice, String> {
 }
 
 pub(crate) fn run(args: BenchArgs) -> Verdict {
-    let sizes = match args.sweep.sizes(args.ranks) {
+    let plan = match crate::nodes::plan(&args.launch, args.ranks, crate::nodes::resolve) {
+        Ok(p) => p,
+        Err(e) => return crate::fail(LABEL, &e, Verdict::Usage),
+    };
+    let world = plan.layout.world();
+    // Rank 0 reports the rows: the table is node 0's; the other nodes only run their ranks.
+    let reports = plan.layout.hosts_root();
+    let sizes = match args.sweep.sizes(world) {
         Ok(s) => s,
         Err(e) => return crate::fail(LABEL, &e, Verdict::Usage),
     };
@@ -91,10 +98,10 @@ pub(crate) fn run(args: BenchArgs) -> Verdict {
     }
     let spec = JobSpec {
         label: LABEL,
-        world: args.ranks,
+        layout: plan.layout,
         program: exe.into_os_string(),
         args: rank_args,
-        bind: args.launch.bind,
+        root: plan.root,
         config,
         reap_budget: args.launch.reap_budget,
         final_wait: Duration::from_secs(5),
@@ -105,8 +112,21 @@ pub(crate) fn run(args: BenchArgs) -> Verdict {
         token_file: args.launch.token_file.clone(),
         verbose: false,
     };
-    let mut sweep = Sweep::new(&args, sizes.len());
-    sweep.out.table(&sweep.banner(&args, &sizes));
+    let mut sweep = Sweep::new(&args, world, sizes.len());
+    if reports {
+        sweep.out.table(&sweep.banner(&args, &plan.layout, &sizes));
+    } else {
+        note(
+            LABEL,
+            &format!(
+                "node {} of {}: ranks {}..={}; node 0 prints the table",
+                plan.layout.node,
+                plan.layout.nnodes,
+                plan.layout.global(0),
+                plan.layout.global(plan.layout.per_node - 1)
+            ),
+        );
+    }
     let launcher = match Launcher::start(spec) {
         Ok(l) => l,
         Err(e) => return crate::fail(LABEL, &e.to_string(), Verdict::LauncherError),
@@ -117,7 +137,7 @@ pub(crate) fn run(args: BenchArgs) -> Verdict {
     let injected: BTreeSet<u32> = args.sweep.inject.iter().map(|j| j.rank).collect();
     let mut verdict = report.verdict(|rank| injected.contains(&rank));
     let wrong = Doc::wrong(&sweep.rows);
-    let complete = sweep.rows.len() == sizes.len();
+    let complete = !reports || sweep.rows.len() == sizes.len();
     if verdict == Verdict::Ok && (wrong > 0 || !complete || !sweep.fatal.is_empty()) {
         verdict = Verdict::RankFailed;
     }
@@ -143,11 +163,14 @@ pub(crate) fn run(args: BenchArgs) -> Verdict {
         );
     }
     let avg = Doc::average_busbw(&sweep.rows);
+    if !reports {
+        return verdict;
+    }
     if args.json {
         let doc = Doc {
             chorus_bench: report::SCHEMA,
             collective: args.collective.name().into(),
-            ranks: args.ranks,
+            ranks: world,
             transport: args.transport.name().into(),
             dtype: args.sweep.dtype.name().into(),
             op: sweep.redop.clone(),
@@ -230,7 +253,7 @@ struct Open {
 }
 
 impl Sweep {
-    fn new(args: &BenchArgs, total: usize) -> Sweep {
+    fn new(args: &BenchArgs, world: u32, total: usize) -> Sweep {
         let pb = if std::io::stderr().is_terminal() {
             ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr())
         } else {
@@ -241,7 +264,7 @@ impl Sweep {
         {
             pb.set_style(style.progress_chars("=> "));
         }
-        pb.set_prefix(format!("{} on {} ranks", args.collective, args.ranks));
+        pb.set_prefix(format!("{} on {world} ranks", args.collective));
         pb.set_message("starting ranks");
         let stdout_tty = std::io::stdout().is_terminal();
         Sweep {
@@ -257,8 +280,8 @@ impl Sweep {
             } else {
                 "none".into()
             },
-            initial: args.ranks,
-            world: args.ranks,
+            initial: world,
+            world,
             rows: Vec::new(),
             incidents: Vec::new(),
             frozen: BTreeSet::new(),
@@ -268,16 +291,16 @@ impl Sweep {
         }
     }
 
-    fn banner(&self, args: &BenchArgs, sizes: &[u64]) -> String {
+    fn banner(&self, args: &BenchArgs, layout: &Layout, sizes: &[u64]) -> String {
         let s = &args.sweep;
         let first = sizes.first().copied().unwrap_or(0);
         let last = sizes.last().copied().unwrap_or(0);
         let mut text = format!(
-            "# chorus bench {}: {} ranks (processes on {}), transport {}\n\
+            "# chorus bench {}: {} ranks ({}), transport {}\n\
              # {} to {} (x{}), type {}, op {}, warm-up {}, iterations {}, check {}",
             self.coll,
-            args.ranks,
-            args.launch.bind.ip(),
+            layout.world(),
+            where_ranks(args, layout),
             args.transport,
             ByteSize(first),
             ByteSize(last),
@@ -594,6 +617,20 @@ fn shrink_line(open: &Open) -> String {
 }
 
 /// `12.3 ms` or `12.3-15.0 ms`.
+/// Where the ranks run, for the banner.
+fn where_ranks(args: &BenchArgs, layout: &Layout) -> String {
+    if layout.multi() {
+        format!("{} nodes of {}", layout.nnodes, layout.per_node)
+    } else {
+        let at = match (&args.launch.master, args.launch.bind) {
+            (Some(master), _) => master.clone(),
+            (None, Some(bind)) => bind.ip().to_string(),
+            (None, None) => "127.0.0.1".to_owned(),
+        };
+        format!("processes on {at}")
+    }
+}
+
 fn span(lo: f64, hi: f64) -> String {
     if (hi - lo).abs() < 0.05 {
         format!("{lo:.1} ms")

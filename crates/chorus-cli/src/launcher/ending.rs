@@ -46,6 +46,8 @@ pub(crate) enum Cause {
     NoProgress(Duration),
     /// The caller asked (e.g. `chorus bench` cleaning up a rank it froze).
     Requested(String),
+    /// This node lost the job's master (a joining node of a multi-node job).
+    MasterLost,
 }
 
 impl fmt::Display for Cause {
@@ -60,6 +62,7 @@ impl fmt::Display for Cause {
                 humantime::format_duration(*budget)
             ),
             Cause::Requested(why) => write!(f, "SIGKILL from the launcher: {why}"),
+            Cause::MasterLost => f.write_str("SIGTERM from the launcher: it lost the master"),
         }
     }
 }

@@ -12,7 +12,10 @@
 
 mod cleanup;
 mod ending;
+mod layout;
+mod root;
 mod signals;
+mod token;
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -24,12 +27,14 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use chorus::RootHost;
 use rustix::process::Signal;
 
 pub(crate) use ending::{Cause, How, RankEnd};
+pub(crate) use layout::Layout;
+use root::JobRoot;
 
 use crate::exit::Verdict;
+use crate::nodes::RootPlan;
 use crate::signal::signal_name;
 
 /// How often the loop looks at its children when nothing else wakes it.
@@ -42,12 +47,14 @@ const DRAIN: Duration = Duration::from_secs(2);
 pub(crate) struct JobSpec {
     /// The prefix of the launcher's own lines (`chorus run`, `chorus bench`).
     pub(crate) label: &'static str,
-    pub(crate) world: u32,
+    /// This node's ranks and their place in the job.
+    pub(crate) layout: Layout,
     pub(crate) program: OsString,
     pub(crate) args: Vec<OsString>,
-    /// Where the bootstrap root listens (port 0: any free port).
-    pub(crate) bind: SocketAddr,
-    /// The root's configuration (its bootstrap deadline is `init_timeout`).
+    /// The bootstrap root: hosted here (port 0: any free port), or node 0's.
+    pub(crate) root: RootPlan,
+    /// The root's configuration (its bootstrap deadline is `init_timeout`; a joining
+    /// node waits for its token and the master that long).
     pub(crate) config: chorus::Config,
     /// While stopping: how long without any rank exiting before the rest get SIGKILL.
     pub(crate) reap_budget: Duration,
@@ -86,6 +93,8 @@ pub(crate) enum Stop {
     Signal(i32),
     Timeout,
     RankFailed(u32),
+    /// A joining node's master went silent past its budget.
+    MasterLost,
 }
 
 /// The launcher failed at its own job.
@@ -97,6 +106,16 @@ pub(crate) enum LaunchError {
     Root {
         addr: SocketAddr,
         source: chorus::Error,
+    },
+    #[error("cannot read the job token: {0}")]
+    Token(#[from] token::TokenWaitError),
+    #[error("cannot follow the master: {0}")]
+    Link(chorus::Error),
+    #[error("cannot reach the master at {master} within {waited:?} (CHORUS_INIT_TIMEOUT): {why}")]
+    Unreachable {
+        master: SocketAddr,
+        waited: Duration,
+        why: String,
     },
     #[error("cannot write the token to {path}: {source}")]
     TokenFile {
@@ -131,6 +150,7 @@ impl JobReport {
             return Verdict::LauncherError;
         }
         match self.stop {
+            Some(Stop::MasterLost) => return Verdict::LauncherError,
             Some(Stop::Signal(s)) => return Verdict::Interrupted(s),
             Some(Stop::Timeout) => return Verdict::Timeout,
             _ => {}
@@ -159,7 +179,7 @@ enum Output {
 pub(crate) struct Launcher {
     spec: JobSpec,
     started: Instant,
-    root: RootHost,
+    root: JobRoot,
     ranks: Vec<RankProc>,
     intake: signals::Intake,
     output: mpsc::Receiver<Output>,
@@ -176,20 +196,25 @@ pub(crate) struct Launcher {
 impl Launcher {
     /// Starts the root and every rank. On failure nothing is left running.
     pub(crate) fn start(spec: JobSpec) -> Result<Launcher, LaunchError> {
-        if spec.world == 0 {
+        if spec.layout.per_node == 0 {
             return Err(LaunchError::NoRanks);
         }
         let intake = signals::Intake::install().map_err(LaunchError::Signals)?;
         cleanup::become_subreaper();
-        let root = RootHost::start(spec.bind, spec.world, &spec.config).map_err(|source| {
-            LaunchError::Root {
-                addr: spec.bind,
-                source,
-            }
-        })?;
+        let mut spec = spec;
+        let root = JobRoot::start(&spec.root, spec.layout.world(), &spec.config)?;
         let token = root.unique_id().to_token();
-        if let Some(path) = &spec.token_file {
-            write_token(path, &token).map_err(|source| LaunchError::TokenFile {
+        // Ranks bind loopback unless told: across hosts they must bind where the others
+        // can reach them, the address this host reaches the root from.
+        if std::env::var_os("CHORUS_BIND").is_none()
+            && !spec.env.iter().any(|(k, _)| k == "CHORUS_BIND")
+            && let Some(ip) = chorus::launch::local_ip_toward(root.unique_id().root)
+        {
+            spec.env.push(("CHORUS_BIND".into(), ip.to_string().into()));
+        }
+        // A joining node read its token from the file: it is node 0's to write.
+        if let (Some(path), JobRoot::Hosted(_)) = (&spec.token_file, &root) {
+            token::write(path, &token).map_err(|source| LaunchError::TokenFile {
                 path: path.clone(),
                 source,
             })?;
@@ -210,8 +235,8 @@ impl Launcher {
             done: false,
             spec,
         };
-        for rank in 0..launcher.spec.world {
-            if let Err(e) = launcher.spawn(rank, &token, &tx) {
+        for local in 0..launcher.spec.layout.per_node {
+            if let Err(e) = launcher.spawn(local, &token, &tx) {
                 launcher.abandon();
                 return Err(e);
             }
@@ -222,6 +247,11 @@ impl Launcher {
     /// The job's token (`CHORUS_UNIQUE_ID` of every rank).
     pub(crate) fn token(&self) -> String {
         self.root.unique_id().to_token()
+    }
+
+    /// Whether this launcher hosts the job's bootstrap root.
+    pub(crate) fn hosts_root(&self) -> bool {
+        matches!(self.root, JobRoot::Hosted(_))
     }
 
     /// Process ids of the ranks, in rank order.
@@ -238,29 +268,19 @@ impl Launcher {
             .collect()
     }
 
+    /// Starts this node's `local`-th rank.
     fn spawn(
         &mut self,
-        rank: u32,
+        local: u32,
         token: &str,
         tx: &mpsc::Sender<Output>,
     ) -> Result<(), LaunchError> {
         let spec = &self.spec;
+        let rank = spec.layout.global(local);
         let root = self.root.unique_id().root;
-        let (world, local) = (spec.world.to_string(), rank.to_string());
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
-            .env("CHORUS_UNIQUE_ID", token)
-            .env("CHORUS_RANK", &local)
-            .env("CHORUS_WORLD_SIZE", &world)
-            .env("CHORUS_LOCAL_RANK", &local)
-            .env("CHORUS_LOCAL_WORLD_SIZE", &world)
-            .env("CHORUS_DEPART_ON_SIGNAL", "1")
-            .env("RANK", &local)
-            .env("WORLD_SIZE", &world)
-            .env("LOCAL_RANK", &local)
-            .env("LOCAL_WORLD_SIZE", &world)
-            .env("MASTER_ADDR", root.ip().to_string())
-            .env("MASTER_PORT", root.port().to_string())
+            .envs(spec.layout.rank_env(local, token, root))
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             // Its own group: a signal to the launcher's group (a terminal's Ctrl-C) is not
             // delivered twice, and the rank's whole tree can be signalled at once.
@@ -405,6 +425,12 @@ impl Launcher {
             && self.started.elapsed() >= limit
         {
             self.begin_stop(Stop::Timeout, Signal::TERM, Cause::Timeout);
+        }
+        if self.stop.is_none()
+            && let Some(why) = self.root.lost(Instant::now())
+        {
+            note(self.spec.label, &why);
+            self.begin_stop(Stop::MasterLost, Signal::TERM, Cause::MasterLost);
         }
         self.reap();
         let now = Instant::now();
@@ -582,24 +608,6 @@ impl Drop for Launcher {
 pub(crate) fn note(label: &str, text: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr().lock(), "{label}: {text}");
-}
-
-fn write_token(path: &std::path::Path, token: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    // The token holds the job secret: readable by its owner only. Written whole under a
-    // temporary name, then renamed, so a reader never sees half a token.
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(token.as_bytes())?;
-    f.write_all(b"\n")?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

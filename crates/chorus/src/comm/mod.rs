@@ -85,7 +85,15 @@ impl Comm {
     /// [`crate::launch`]), with `config`. Without a token, rank 0 hosts the bootstrap root
     /// at the named address.
     pub async fn from_env(config: Config) -> Result<Comm> {
+        let mut config = config;
         let joining = bootstrap::from_env(&config).await?;
+        // A loopback bind cannot be reached from another host: under torchrun or Slurm
+        // across nodes, bind where this host reaches the root from instead.
+        if config.bind.is_loopback()
+            && let Some(ip) = crate::launch::local_ip_toward(joining.id.root)
+        {
+            config.bind = ip;
+        }
         let founded = bootstrap::init(&joining.id, joining.rank, joining.world, config).await?;
         Ok(Comm::founded(founded, joining.root))
     }

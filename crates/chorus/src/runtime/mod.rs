@@ -22,6 +22,7 @@ pub(crate) mod mailbox;
 pub(crate) mod process_watch;
 pub(crate) mod registry;
 pub(crate) mod root;
+pub(crate) mod root_link;
 pub(crate) mod same_host;
 
 use std::net::{IpAddr, SocketAddr};

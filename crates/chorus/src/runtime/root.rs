@@ -193,8 +193,9 @@ impl RootHost {
     }
 }
 
-/// Sends `rank`'s witnessed exit to up to three of its neighbours in `members`.
-async fn witness(
+/// Sends `rank`'s witnessed exit to up to three of its neighbours in `members` (also what
+/// a node launcher without the root does, [`super::root_link`]).
+pub(crate) async fn witness(
     quic: QuicEndpoint,
     comm: CommId,
     members: Vec<PeerInfo>,

@@ -1,0 +1,552 @@
+//! A bed of hosts: N network namespaces, each with one veth into a bridge namespace and one
+//! address (`10.77.0.{i+1}`), each running one node launcher (`chorus run --nnodes N
+//! --node-rank i`) in a UTS namespace of its own, so its ranks see a host of their own
+//! (another hostname: no same-host pidfd or shm shortcut between hosts).
+//!
+//! Faults are the ones a cluster has: a host's link cut at the bridge (packets vanish both
+//! ways, no error anywhere) or deleted, `tc netem` delay, jitter, loss and duplication on a
+//! link, an nftables drop one way only, and SIGSTOP, SIGCONT or SIGKILL of every process of
+//! a host at once. [`Bed::vanish`] silences the link *before* it kills, so the kernel's FIN
+//! for the dead sockets reaches nobody.
+//!
+//! Ranks are `chorus-test-rank` with `CT_COMMANDS`/`CT_EVENTS` files (the launcher closes
+//! their stdin and shares their stdout); a slot is the rank's global first-epoch rank.
+//! Dropping the bed kills every process in every host and deletes every namespace (their
+//! links go with them), also when a test panics. Names are unique per bed; beds in one
+//! process run one at a time (a lock), as jobs do. Where it cannot work (not root, no `ip`, `nft` or `unshare`, no `chorus`
+//! binary), [`Bed::new`] says why and the test skips with one line.
+
+#![allow(clippy::print_stderr)] // cleanup trouble goes to the test's stderr
+
+use std::collections::VecDeque;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::clock::mono_ns;
+use crate::event::Event;
+
+/// The port node 0's launcher hosts the bootstrap root on (each bed has its own network).
+pub const MASTER_PORT: u16 = 29400;
+
+/// The nftables table of one-way drops.
+const TABLE: &str = "chorus_bed";
+
+static BEDS: AtomicU32 = AtomicU32::new(0);
+
+/// One bed at a time per process: the tests assert detection bounds, and two beds of six
+/// looping ranks on a 2-core machine would starve each other's heartbeats.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// How the job on the bed runs.
+#[derive(Clone, Debug)]
+pub struct BedJob {
+    /// Ranks per host.
+    pub per_node: u32,
+    /// Environment of every rank and launcher (`CHORUS_*`, `CT_*`).
+    pub env: Vec<(String, String)>,
+    /// Extra environment of one host's launcher and ranks.
+    pub host_env: Vec<(usize, String, String)>,
+    /// How long starting (every `ready`) may take.
+    pub start_timeout: Duration,
+    /// The `chorus-test-rank` executable.
+    pub rank: PathBuf,
+}
+
+struct Host {
+    ns: String,
+    /// The host's end of its link (inside `ns`).
+    veth: String,
+    /// The bridge's end (inside the bridge namespace).
+    port: String,
+    addr: Ipv4Addr,
+    launcher: Option<Child>,
+}
+
+/// One slot's report file, read as it grows.
+struct Reports {
+    path: PathBuf,
+    offset: u64,
+    partial: String,
+    queue: VecDeque<Event>,
+    log: Vec<Event>,
+}
+
+/// A running bed; see the module docs.
+pub struct Bed {
+    id: String,
+    bridge: String,
+    hosts: Vec<Host>,
+    dir: PathBuf,
+    slots: Vec<Reports>,
+    per_node: u32,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Bed {
+    /// Builds `n` hosts; `Err` says why it cannot (the caller skips).
+    pub fn new(n: usize) -> Result<Bed, String> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root (network namespaces)".into());
+        }
+        for tool in ["ip", "nft", "unshare"] {
+            let found = Command::new(tool)
+                .arg(if tool == "unshare" { "--version" } else { "-V" })
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok();
+            if !found {
+                return Err(format!("no `{tool}` (run .ci/netns-deps)"));
+            }
+        }
+        chorus_bin()?;
+        let guard = SERIAL.lock();
+        let serial = BEDS.fetch_add(1, Ordering::Relaxed);
+        // Short (interface names have 15 bytes) and unique: this process, then its beds.
+        let id = format!("cb{:04x}{:02x}", std::process::id() & 0xffff, serial & 0xff);
+        let dir = std::env::temp_dir().join(format!("chorus-bed-{id}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {dir:?}: {e}"))?;
+        let mut bed = Bed {
+            bridge: format!("{id}-br"),
+            id,
+            hosts: Vec::new(),
+            dir,
+            slots: Vec::new(),
+            per_node: 0,
+            _serial: guard,
+        };
+        // From here on Drop removes whatever was made, whatever fails next.
+        run("ip", &["netns", "add", &bed.bridge])?;
+        let br = bed.bridge.clone();
+        run("ip", &["-n", &br, "link", "add", "br0", "type", "bridge"])?;
+        run("ip", &["-n", &br, "link", "set", "br0", "up"])?;
+        for i in 0..n {
+            let host = Host {
+                ns: format!("{}-h{i}", bed.id),
+                veth: format!("{}h{i}", bed.id),
+                port: format!("{}b{i}", bed.id),
+                addr: Ipv4Addr::new(10, 77, 0, i as u8 + 1),
+                launcher: None,
+            };
+            run("ip", &["netns", "add", &host.ns])?;
+            bed.hosts.push(host);
+            let h = &bed.hosts[i];
+            let peer = [
+                "link", "add", &h.veth, "type", "veth", "peer", "name", &h.port,
+            ];
+            run("ip", &peer)?;
+            run("ip", &["link", "set", &h.veth, "netns", &h.ns])?;
+            run("ip", &["link", "set", &h.port, "netns", &br])?;
+            run("ip", &["-n", &br, "link", "set", &h.port, "master", "br0"])?;
+            run("ip", &["-n", &br, "link", "set", &h.port, "up"])?;
+            let cidr = format!("{}/24", h.addr);
+            run("ip", &["-n", &h.ns, "addr", "add", &cidr, "dev", &h.veth])?;
+            run("ip", &["-n", &h.ns, "link", "set", &h.veth, "up"])?;
+            run("ip", &["-n", &h.ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(bed)
+    }
+
+    /// Host `i`'s address.
+    pub fn addr(&self, i: usize) -> Ipv4Addr {
+        self.hosts[i].addr
+    }
+
+    /// Hosts in the bed.
+    pub fn hosts(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// Slots (global ranks) of host `i`.
+    pub fn slots_of(&self, i: usize) -> Vec<usize> {
+        let k = self.per_node as usize;
+        (i * k..(i + 1) * k).collect()
+    }
+
+    /// Starts one node launcher per host with `job.per_node` test ranks each, node 0 first,
+    /// and waits for every rank's `ready`.
+    pub fn launch(&mut self, job: &BedJob) -> Result<(), String> {
+        let chorus = chorus_bin()?;
+        self.per_node = job.per_node;
+        let n = self.hosts.len();
+        let master = self.master();
+        let token = self.dir.join("token");
+        self.watch(n * job.per_node as usize);
+        for i in 0..n {
+            let log = std::fs::File::create(self.dir.join(format!("launcher-{i}.log")))
+                .map_err(|e| format!("launcher log: {e}"))?;
+            let err = log.try_clone().map_err(|e| format!("launcher log: {e}"))?;
+            let mut cmd = self.command(i, &chorus);
+            cmd.args([
+                "run",
+                "--nnodes",
+                &n.to_string(),
+                "--node-rank",
+                &i.to_string(),
+            ])
+            .args(["--master", &master, "--token-file"])
+            .arg(&token)
+            .args(["-n", &job.per_node.to_string(), "--"])
+            .arg(&job.rank)
+            .env("CT_COMMANDS", self.dir.join("cmd-%r"))
+            .env("CT_EVENTS", self.dir.join("ev-%r"))
+            .envs(job.env.iter().map(|(k, v)| (k, v)))
+            .envs(
+                job.host_env
+                    .iter()
+                    .filter(|(h, _, _)| *h == i)
+                    .map(|(_, k, v)| (k, v)),
+            )
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err);
+            let child = cmd
+                .spawn()
+                .map_err(|e| format!("cannot start host {i}: {e}"))?;
+            self.hosts[i].launcher = Some(child);
+        }
+        let until = Instant::now() + job.start_timeout;
+        for slot in 0..self.slots.len() {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.wait_any(slot, &["ready", "init-failed"], left) {
+                Some(e) if e.ev() == "ready" => {}
+                _ => return Err(format!("slot {slot} not ready: {}", self.diagnose())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Follows the report files of slots `0..slots` (`ev-SLOT` in [`Bed::dir`], what
+    /// `CT_EVENTS=DIR/ev-%r` names), for ranks started without [`Bed::launch`].
+    pub fn watch(&mut self, slots: usize) {
+        for slot in self.slots.len()..slots {
+            self.slots.push(Reports {
+                path: self.dir.join(format!("ev-{slot}")),
+                offset: 0,
+                partial: String::new(),
+                queue: VecDeque::new(),
+                log: Vec::new(),
+            });
+        }
+    }
+
+    /// `program` to run on host `i`: in its network namespace, under a UTS namespace with
+    /// the host's own hostname. Its processes are the host's ([`Bed::pids`]).
+    pub fn command(&self, i: usize, program: &Path) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.hosts[i].ns, "unshare", "--uts", "--"])
+            .args(["sh", "-c", "hostname \"$0\" && exec \"$@\""])
+            .arg(format!("{}-host{i}", self.id))
+            .arg(program);
+        cmd
+    }
+
+    /// The address node 0's root listens on (`--master`).
+    pub fn master(&self) -> String {
+        format!("{}:{MASTER_PORT}", self.hosts[0].addr)
+    }
+
+    /// Appends `command` to `slot`'s command file.
+    pub fn send(&self, slot: usize, command: &str) {
+        let path = self.dir.join(format!("cmd-{slot}"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path);
+        if let Ok(mut f) = file {
+            let _ = f.write_all(format!("{command}\n").as_bytes());
+        }
+    }
+
+    /// Sends `command` to every slot in `slots`.
+    pub fn send_all(&self, slots: &[usize], command: &str) {
+        for &s in slots {
+            self.send(s, command);
+        }
+    }
+
+    /// The next report of `slot` among `evs`, waiting at most `timeout` (reports before it
+    /// that are not among `evs` are consumed).
+    pub fn wait_any(&mut self, slot: usize, evs: &[&str], timeout: Duration) -> Option<Event> {
+        let until = Instant::now() + timeout;
+        loop {
+            self.read(slot);
+            let queue = &mut self.slots[slot].queue;
+            while let Some(e) = queue.pop_front() {
+                if evs.contains(&e.ev()) {
+                    return Some(e);
+                }
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Every report `slot` made so far.
+    pub fn log(&mut self, slot: usize) -> Vec<Event> {
+        self.read(slot);
+        self.slots[slot].log.clone()
+    }
+
+    fn read(&mut self, slot: usize) {
+        let r = &mut self.slots[slot];
+        let Ok(mut f) = std::fs::File::open(&r.path) else {
+            return;
+        };
+        let mut more = String::new();
+        if f.seek(SeekFrom::Start(r.offset)).is_err() || f.read_to_string(&mut more).is_err() {
+            return;
+        }
+        r.offset += more.len() as u64;
+        r.partial.push_str(&more);
+        while let Some(end) = r.partial.find('\n') {
+            let line: String = r.partial.drain(..=end).collect();
+            if let Ok(v) = serde_json::from_str(line.trim()) {
+                let e = Event(v);
+                r.log.push(e.clone());
+                r.queue.push_back(e);
+            }
+        }
+    }
+
+    /// What every slot reported and every launcher said, for a failing test's message.
+    pub fn diagnose(&mut self) -> String {
+        let mut text = String::new();
+        for slot in 0..self.slots.len() {
+            self.read(slot);
+            let tail: Vec<String> = self.slots[slot]
+                .log
+                .iter()
+                .rev()
+                .take(6)
+                .map(|e| e.to_string())
+                .collect();
+            text.push_str(&format!("\nslot {slot}: {}", tail.join(" | ")));
+        }
+        for i in 0..self.hosts.len() {
+            let log = std::fs::read_to_string(self.dir.join(format!("launcher-{i}.log")))
+                .unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(8).collect();
+            text.push_str(&format!("\nhost {i} launcher: {}", tail.join(" | ")));
+        }
+        text
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Faults
+
+    /// Cuts host `i` off at the bridge: its packets and those to it vanish, no error.
+    pub fn cut(&self, i: usize) -> Result<(), String> {
+        run(
+            "ip",
+            &[
+                "-n",
+                &self.bridge,
+                "link",
+                "set",
+                &self.hosts[i].port,
+                "down",
+            ],
+        )
+    }
+
+    /// Undoes [`Bed::cut`].
+    pub fn heal(&self, i: usize) -> Result<(), String> {
+        run(
+            "ip",
+            &["-n", &self.bridge, "link", "set", &self.hosts[i].port, "up"],
+        )
+    }
+
+    /// Takes host `i`'s own link down (the host sees its interface go).
+    pub fn link_down(&self, i: usize) -> Result<(), String> {
+        let h = &self.hosts[i];
+        run("ip", &["-n", &h.ns, "link", "set", &h.veth, "down"])
+    }
+
+    /// The host vanishes: link silenced, every process SIGKILLed, link deleted, in that
+    /// order with nothing between, so no FIN or RST of its dying sockets reaches anyone.
+    /// Returns when (`mono_ns`) the host went silent.
+    pub fn vanish(&mut self, i: usize) -> Result<u64, String> {
+        self.cut(i)?;
+        let at = mono_ns();
+        self.signal_host(i, libc::SIGKILL);
+        let h = &self.hosts[i];
+        run("ip", &["-n", &h.ns, "link", "del", &h.veth])?;
+        if let Some(mut child) = self.hosts[i].launcher.take() {
+            reap(&mut child, Duration::from_secs(5));
+        }
+        Ok(at)
+    }
+
+    /// Sends `signal` to every process of host `i` (SIGSTOP, SIGCONT, SIGKILL); returns when
+    /// (`mono_ns`) it was sent.
+    pub fn signal_host(&self, i: usize, signal: i32) -> u64 {
+        let at = mono_ns();
+        for pid in self.pids(i) {
+            // SAFETY: kill has no memory preconditions; a pid gone meanwhile is ESRCH.
+            unsafe { libc::kill(pid, signal) };
+        }
+        at
+    }
+
+    /// Every process in host `i`'s network namespace.
+    pub fn pids(&self, i: usize) -> Vec<i32> {
+        let out = Command::new("ip")
+            .args(["netns", "pids", &self.hosts[i].ns])
+            .stderr(Stdio::null())
+            .output();
+        out.map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// `tc netem` on both ends of host `i`'s link (`["delay", "20ms", "5ms", "loss", "1%"]`):
+    /// traffic from and to the host. `Err` if the kernel has no netem (the caller skips).
+    pub fn netem(&self, i: usize, spec: &[&str]) -> Result<(), String> {
+        let h = &self.hosts[i];
+        for (ns, dev) in [(&h.ns, &h.veth), (&self.bridge, &h.port)] {
+            let mut args = vec!["-n", ns.as_str(), "qdisc", "replace", "dev", dev.as_str()];
+            args.extend(["root", "netem"]);
+            args.extend_from_slice(spec);
+            run("tc", &args)?;
+        }
+        Ok(())
+    }
+
+    /// Drops every packet from host `from` arriving at host `to` (the other way still
+    /// flows).
+    pub fn drop_one_way(&self, from: usize, to: usize) -> Result<(), String> {
+        let ns = &self.hosts[to].ns;
+        let _ = run(
+            "ip",
+            &["netns", "exec", ns, "nft", "add", "table", "inet", TABLE],
+        );
+        let chain = format!("add chain inet {TABLE} in {{ type filter hook input priority 0 ; }}");
+        let _ = run("ip", &["netns", "exec", ns, "nft", &chain]);
+        let rule = format!(
+            "add rule inet {TABLE} in ip saddr {} drop",
+            self.hosts[from].addr
+        );
+        run("ip", &["netns", "exec", ns, "nft", &rule])
+    }
+
+    /// Removes every one-way drop at host `to`.
+    pub fn allow(&self, to: usize) -> Result<(), String> {
+        let ns = &self.hosts[to].ns;
+        run(
+            "ip",
+            &["netns", "exec", ns, "nft", "delete", "table", "inet", TABLE],
+        )
+    }
+
+    /// Waits (bounded) for host `i`'s launcher to exit; its exit code.
+    pub fn wait_launcher(&mut self, i: usize, timeout: Duration) -> Option<i32> {
+        let child = self.hosts[i].launcher.as_mut()?;
+        let until = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.hosts[i].launcher = None;
+                return status.code();
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The bed's scratch directory (token, command and report files, launcher logs).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        for i in 0..self.hosts.len() {
+            // Frozen processes die of SIGKILL too.
+            self.signal_host(i, libc::SIGKILL);
+            if let Some(mut child) = self.hosts[i].launcher.take() {
+                reap(&mut child, Duration::from_secs(5));
+            }
+        }
+        for ns in self
+            .hosts
+            .iter()
+            .map(|h| h.ns.clone())
+            .chain([self.bridge.clone()])
+        {
+            if let Err(e) = run("ip", &["netns", "del", &ns]) {
+                eprintln!("cannot delete network namespace {ns}: {e}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn reap(child: &mut Child, limit: Duration) {
+    let _ = child.kill();
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("host launcher {} not reaped within {limit:?}", child.id());
+}
+
+/// The `chorus` binary: `CHORUS_BIN`, or beside this test's executables (`cargo build -p
+/// chorus-cli` puts it there).
+pub fn chorus_bin() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("CHORUS_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("no current exe: {e}"))?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    // Test executables live in target/debug/deps, binaries in target/debug.
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join("chorus");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "no chorus binary at {} (cargo build -p chorus-cli)",
+            path.display()
+        ))
+    }
+}
+
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
