@@ -14,8 +14,11 @@ use pyo3::prelude::*;
 
 mod comm;
 mod config;
+mod done;
+mod drive;
 mod error;
 mod op;
+mod order;
 mod queue;
 mod unique_id;
 mod view;
