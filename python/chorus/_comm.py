@@ -51,11 +51,16 @@ Op = Union[str, PreMulSum]
 _OPS = ("sum", "prod", "min", "max", "avg")
 
 
+_OP_ARGS = {name: (name, 0.0) for name in _OPS}
+
+
 def _op(op: Op) -> Tuple[str, float]:
-    if isinstance(op, PreMulSum):
+    if isinstance(op, str):
+        args = _OP_ARGS.get(op)
+        if args is not None:
+            return args
+    elif isinstance(op, PreMulSum):
         return ("premulsum", op.factor)
-    if isinstance(op, str) and op in _OPS:
-        return (op, 0.0)
     raise ValueError(
         f'op: expected "sum", "prod", "min", "max", "avg" or chorus.PreMulSum(factor), got {op!r}'
     )
