@@ -106,8 +106,8 @@ def _exit_note(exited, since, r):
     the death before that."""
     if not exited:
         return ""
-    return (f" (the killed shard's exit took {(exited[0] - since) * 1000:.0f} ms in the kernel, "
-            f"so rank {r.get('new_rank')} raised {(r['caught'] - exited[0]) * 1000:.0f} ms after it)")
+    return (f" (the kernel took {(exited[0] - since) * 1000:.0f} ms to end the killed shard; "
+            f"this survivor raised {(r['caught'] - exited[0]) * 1000:+.0f} ms from that exit)")
 
 
 def _watch_exit(pid):
