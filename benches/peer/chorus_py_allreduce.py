@@ -45,6 +45,8 @@ def options(argv):
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("-i", "--iters", type=int, default=20)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole sweep")
+    p.add_argument("--transport", default="tcp",
+                   help="chorus transport (CHORUS_TRANSPORT), tcp as `chorus bench --transport tcp` beside it")
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     o = p.parse_args(argv)
     if o.ranks < 1 or o.factor < 2 or o.iters < 1 or o.warmup < 0:
@@ -89,7 +91,7 @@ def rank_main(o):
     import chorus
 
     comm = chorus.Comm(os.environ["CHORUS_PY_BENCH_TOKEN"], o.rank, o.ranks,
-                       init_timeout=f"{int(o.timeout)}s")
+                       init_timeout=f"{int(o.timeout)}s", transport=o.transport)
     world = comm.size
     factor = 2.0 * (world - 1) / world
     send = np.zeros(o.max_bytes // 4, dtype=np.float32)
@@ -137,7 +139,7 @@ def rank_main(o):
         })
     if comm.rank == 0:
         doc = {
-            "chorus_bench": 1, "collective": "all-reduce", "ranks": world, "transport": "tcp",
+            "chorus_bench": 1, "collective": "all-reduce", "ranks": world, "transport": o.transport,
             "dtype": "float", "op": "sum", "warmup": o.warmup, "iters": o.iters,
             "library": f"chorus {chorus.__version__} (python)",
             "rows": rows,

@@ -3,8 +3,16 @@
 Every collective takes numpy arrays, torch CPU tensors or writable buffers, without
 copying: the result lands in the caller's memory. ``out=None`` means in place. With
 ``async_op=True`` a collective returns a ``Work`` at once; otherwise it returns None once
-the operation has finished, or raises its ``chorus.Error``. Either way the operation is
-queued behind every one submitted before it on this communicator.
+the operation has finished, or raises its ``chorus.Error``. Either way the operation runs
+after every one submitted before it on this communicator: a blocking call made while
+nothing is queued or running runs on the calling thread (GIL released), any other goes
+through the communicator's submission thread.
+
+``timeout`` (seconds, counted from when the operation starts, after those queued before
+it) bounds one call more tightly than the ``op_timeout`` configuration: when it passes,
+the communicator is aborted, as torch's watchdog aborts an NCCL communicator, because an
+operation the peers are inside cannot be cancelled alone. The call then fails with
+``chorus.Timeout``, later ones with ``Aborted``; ``shrink`` or ``destroy`` it.
 
 Waits release the GIL. Another thread's ``comm.abort()`` ends a blocked collective with
 ``Aborted``. Ctrl-C during a blocked collective (or membership call) aborts the
@@ -43,11 +51,16 @@ Op = Union[str, PreMulSum]
 _OPS = ("sum", "prod", "min", "max", "avg")
 
 
+_OP_ARGS = {name: (name, 0.0) for name in _OPS}
+
+
 def _op(op: Op) -> Tuple[str, float]:
-    if isinstance(op, PreMulSum):
+    if isinstance(op, str):
+        args = _OP_ARGS.get(op)
+        if args is not None:
+            return args
+    elif isinstance(op, PreMulSum):
         return ("premulsum", op.factor)
-    if isinstance(op, str) and op in _OPS:
-        return (op, 0.0)
     raise ValueError(
         f'op: expected "sum", "prod", "min", "max", "avg" or chorus.PreMulSum(factor), got {op!r}'
     )
@@ -63,7 +76,10 @@ class _Group:
 class Comm:
     """A communicator: ``Comm(uid, rank, world, **config)``, where each keyword is a
     ``CHORUS_*`` variable in lowercase without the prefix, with the same units and text
-    (``heartbeat_deadline="2s"``, ``transport="quic"``, ``observers=3``)."""
+    (``heartbeat_deadline="2s"``, ``transport="quic"``, ``observers=3``). The variables
+    themselves apply too, as for ``from_env``: a keyword beats its variable, a variable
+    beats the default (and a bad variable is a ``ValueError`` naming it, unless a keyword
+    overrides it)."""
 
     def __init__(self, uid: Any, rank: int, world: int, **config: Any) -> None:
         if isinstance(uid, str):
@@ -89,7 +105,7 @@ class Comm:
     @classmethod
     def from_env(cls, **config: Any) -> "Comm":
         """The communicator of the launch: ``chorus run``, torchrun, Slurm or Open MPI
-        (``CHORUS_*`` variables first, then the keywords)."""
+        (configuration as for ``Comm``: a keyword beats its ``CHORUS_*`` variable)."""
         return cls._wrap(_chorus.Comm.from_env(**config))
 
     @classmethod
@@ -129,28 +145,28 @@ class Comm:
 
     # -- collectives ----------------------------------------------------------------------
 
-    def all_reduce(self, a: Any, out: Any = None, op: Op = "sum", *, async_op: bool = False) -> Optional[Work]:
+    def all_reduce(self, a: Any, out: Any = None, op: Op = "sum", *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """Every rank ends with the reduction of every rank's ``a``."""
         send, recv = self._pair(a, out)
         _same(send, recv, "out", send.numel)
-        return self._go(("all_reduce", send.raw, recv.raw, send.numel, send.dtype, *_op(op), 0), (send.keep, recv.keep), async_op)
+        return self._go(("all_reduce", send.raw, recv.raw, send.numel, send.dtype, *_op(op), 0), (send.keep, recv.keep), async_op, timeout)
 
-    def reduce(self, a: Any, out: Any = None, op: Op = "sum", root: int = 0, *, async_op: bool = False) -> Optional[Work]:
+    def reduce(self, a: Any, out: Any = None, op: Op = "sum", root: int = 0, *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """The root's ``out`` (or ``a``, in place) ends with the reduction; other ranks'
         buffers are left as they are."""
         root = self._rank("root", root)
         send, recv = self._pair(a, out)
         _same(send, recv, "out", send.numel)
-        return self._go(("reduce", send.raw, recv.raw, send.numel, send.dtype, *_op(op), root), (send.keep, recv.keep), async_op)
+        return self._go(("reduce", send.raw, recv.raw, send.numel, send.dtype, *_op(op), root), (send.keep, recv.keep), async_op, timeout)
 
-    def broadcast(self, a: Any, root: int = 0, out: Any = None, *, async_op: bool = False) -> Optional[Work]:
+    def broadcast(self, a: Any, root: int = 0, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """Every rank's ``out`` (or ``a``, in place) ends with the root's ``a``."""
         root = self._rank("root", root)
         send, recv = self._pair(a, out)
         _same(send, recv, "out", send.numel)
-        return self._go(("broadcast", send.raw, recv.raw, send.numel, send.dtype, "sum", 0.0, root), (send.keep, recv.keep), async_op)
+        return self._go(("broadcast", send.raw, recv.raw, send.numel, send.dtype, "sum", 0.0, root), (send.keep, recv.keep), async_op, timeout)
 
-    def all_gather(self, a: Any, out: Any = None, *, async_op: bool = False) -> Optional[Work]:
+    def all_gather(self, a: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """``out`` (``size`` times ``a``) ends with rank i's ``a`` at block i. In place
         (``out=None``), ``a`` is the whole output and this rank's block is already in it."""
         send, recv = self._pair(a, out)
@@ -159,27 +175,27 @@ class Comm:
         else:
             count = send.numel
             _same(send, recv, "out", count * self.size)
-        return self._go(("all_gather", send.raw, recv.raw, count, send.dtype, "sum", 0.0, 0), (send.keep, recv.keep), async_op)
+        return self._go(("all_gather", send.raw, recv.raw, count, send.dtype, "sum", 0.0, 0), (send.keep, recv.keep), async_op, timeout)
 
-    def reduce_scatter(self, a: Any, out: Any = None, op: Op = "sum", *, async_op: bool = False) -> Optional[Work]:
+    def reduce_scatter(self, a: Any, out: Any = None, op: Op = "sum", *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """Rank i's ``out`` ends with the reduction of block i of every rank's ``a``
         (``size`` blocks). In place, the result lands in block ``rank`` of ``a``."""
         send, recv = self._pair(a, out)
         count = self._blocks(send, "a")
         if out is not None:
             _same(send, recv, "out", count)
-        return self._go(("reduce_scatter", send.raw, recv.raw, count, send.dtype, *_op(op), 0), (send.keep, recv.keep), async_op)
+        return self._go(("reduce_scatter", send.raw, recv.raw, count, send.dtype, *_op(op), 0), (send.keep, recv.keep), async_op, timeout)
 
-    def all_to_all(self, a: Any, out: Any, *, async_op: bool = False) -> Optional[Work]:
+    def all_to_all(self, a: Any, out: Any, *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """Block j of rank i's ``a`` lands in block i of rank j's ``out``."""
         if out is None:
             raise ValueError("out: expected an output buffer the size of a, got None")
         send, recv = self._pair(a, out)
         count = self._blocks(send, "a")
         _same(send, recv, "out", send.numel)
-        return self._go(("all_to_all", send.raw, recv.raw, count, send.dtype, "sum", 0.0, 0), (send.keep, recv.keep), async_op)
+        return self._go(("all_to_all", send.raw, recv.raw, count, send.dtype, "sum", 0.0, 0), (send.keep, recv.keep), async_op, timeout)
 
-    def gather(self, a: Any, out: Any = None, root: int = 0, *, async_op: bool = False) -> Optional[Work]:
+    def gather(self, a: Any, out: Any = None, root: int = 0, *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """The root's ``out`` (``size`` times ``a``) ends with rank i's ``a`` at block i;
         ``out`` matters only at the root."""
         root = self._rank("root", root)
@@ -192,9 +208,9 @@ class Comm:
             raw, keep = recv.raw, recv.keep
         else:
             raw, keep = None, None
-        return self._go(("gather", send.raw, raw, send.numel, send.dtype, "sum", 0.0, root), (send.keep, keep), async_op)
+        return self._go(("gather", send.raw, raw, send.numel, send.dtype, "sum", 0.0, root), (send.keep, keep), async_op, timeout)
 
-    def scatter(self, a: Any, out: Any, root: int = 0, *, async_op: bool = False) -> Optional[Work]:
+    def scatter(self, a: Any, out: Any, root: int = 0, *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """Rank i's ``out`` ends with block i of the root's ``a`` (``size`` blocks); ``a``
         matters only at the root (pass None elsewhere)."""
         root = self._rank("root", root)
@@ -207,40 +223,53 @@ class Comm:
             raw, keep = send.raw, send.keep
         else:
             raw, keep = None, None
-        return self._go(("scatter", raw, recv.raw, recv.numel, recv.dtype, "sum", 0.0, root), (keep, recv.keep), async_op)
+        return self._go(("scatter", raw, recv.raw, recv.numel, recv.dtype, "sum", 0.0, root), (keep, recv.keep), async_op, timeout)
 
-    def send(self, a: Any, peer: int, *, async_op: bool = False) -> Optional[Work]:
+    def send(self, a: Any, peer: int, *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """Sends ``a`` to ``peer``, which calls ``recv`` with a buffer of the same size."""
         peer = self._rank("peer", peer)
         buf = describe(a, "a", writable=False)
-        return self._go(("send", buf.raw, None, buf.numel, buf.dtype, "sum", 0.0, peer), buf.keep, async_op)
+        return self._go(("send", buf.raw, None, buf.numel, buf.dtype, "sum", 0.0, peer), buf.keep, async_op, timeout)
 
-    def recv(self, a: Any, peer: int, *, async_op: bool = False) -> Optional[Work]:
+    def recv(self, a: Any, peer: int, *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """Receives into ``a`` what ``peer`` sends."""
         peer = self._rank("peer", peer)
         buf = describe(a, "a", writable=True)
-        return self._go(("recv", None, buf.raw, buf.numel, buf.dtype, "sum", 0.0, peer), buf.keep, async_op)
+        return self._go(("recv", None, buf.raw, buf.numel, buf.dtype, "sum", 0.0, peer), buf.keep, async_op, timeout)
 
-    def barrier(self, *, async_op: bool = False) -> Optional[Work]:
+    def barrier(self, *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """Returns once every rank has entered the barrier."""
-        return self._go(("barrier", None, None, 0, 0, "sum", 0.0, 0), None, async_op)
+        return self._go(("barrier", None, None, 0, 0, "sum", 0.0, 0), None, async_op, timeout)
 
     @contextlib.contextmanager
-    def group(self, *, async_op: bool = False) -> Iterator[Work]:
+    def group(self, *, async_op: bool = False, timeout: Optional[float] = None) -> Iterator[Work]:
         """Collectives called inside run together (NCCL's group calls): each returns the
         group's ``Work`` at once, and they are submitted as one when the block ends, which
-        then waits for them unless ``async_op``. Yields that ``Work``."""
+        then waits for them unless ``async_op``. Yields that ``Work``. ``timeout`` is the
+        group's, as for a single collective."""
         if self._group is not None:
             raise ValueError("group: already inside a group on this communicator")
+        timeout = _timeout(timeout)
         g = self._group = _Group()
         try:
             yield g.work
         finally:
             self._group = None
         if g.ops:
-            g.work._w = _cuda.submit(self, g.ops, True, tuple(g.keep))
-            if not async_op:
-                g.work.wait()
+            if _cuda.held(g.keep):
+                _no_device_timeout(timeout)
+                g.work._submitted(_cuda.submit(self, g.ops, True, tuple(g.keep)))
+                if not async_op:
+                    g.work.wait()
+            elif async_op:
+                g.work._submitted(self._c.submit(g.ops, True, tuple(g.keep), timeout))
+            else:
+                try:
+                    self._c.run(g.ops, True, tuple(g.keep), timeout)
+                except BaseException as e:
+                    g.work._submitted(_Finished(e))
+                    raise
+                g.work._submitted(_Finished(None))
 
     # -- membership -----------------------------------------------------------------------
 
@@ -320,17 +349,33 @@ class Comm:
             raise ValueError(f"{name}: expected a rank in 0..{self.size - 1}, got {value}")
         return value
 
-    def _go(self, spec: tuple, keep: Any, async_op: bool) -> Optional[Work]:
+    def _go(self, spec: tuple, keep: Any, async_op: bool, timeout: Optional[float]) -> Optional[Work]:
         g = self._group
         if g is not None:
+            if timeout is not None:
+                raise ValueError("timeout: inside a group, pass it to comm.group() instead")
             g.ops.append(spec)
             g.keep.append(keep)
             return g.work
-        work = _cuda.submit(self, [spec], False, keep)
+        timeout = _timeout(timeout)
+        if _cuda.held(keep):
+            _no_device_timeout(timeout)
+            work = _cuda.submit(self, [spec], False, keep)
+            if async_op:
+                return Work(work)
+            work.wait()
+            return None
         if async_op:
-            return Work(work)
-        work.wait()
+            return Work(self._c.submit([spec], False, keep, timeout))
+        self._c.run([spec], False, keep, timeout)
         return None
+
+
+def _no_device_timeout(timeout: Optional[float]) -> None:
+    # Device collectives run under the communicator's op timeout only, for now.
+    if timeout is not None:
+        raise ValueError("timeout: a per-call timeout is not supported on CUDA memory yet; "
+                         "the communicator's op timeout (CHORUS_OP_TIMEOUT) applies")
 
 
 def _same(ref: Buf, other: Buf, name: str, numel: int) -> None:
@@ -338,6 +383,40 @@ def _same(ref: Buf, other: Buf, name: str, numel: int) -> None:
         raise TypeError(f"{name}: expected dtype {ref.dtype_name} like the input, got {other.dtype_name}")
     if other.numel != numel:
         raise ValueError(f"{name}: expected {numel} elements, got {other.numel}")
+
+
+def _timeout(timeout: Optional[float]) -> Optional[float]:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout: expected a number of seconds or None, got {type(timeout).__name__}")
+    if not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout: expected a positive, finite number of seconds, got {timeout}")
+    return float(timeout)
+
+
+class _Finished:
+    """The inner work of a blocking group, which has finished (or failed with ``error``)
+    by the time anyone sees it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Optional[BaseException]) -> None:
+        self.error = error
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return self.error if isinstance(self.error, Exception) else None
+
+    def add_done_callback(self, callback: Any) -> None:
+        callback()
 
 
 def _int(name: str, value: Any) -> None:

@@ -262,7 +262,7 @@ def submit(comm: Any, ops: List[tuple], group: bool, keep: Any) -> Any:
     on a device, else its device communicator, on the first buffer's stream."""
     devices = held(keep)
     if not devices:
-        return comm._c.submit(ops, group, keep)
+        return comm._c.submit(ops, group, keep, None)
     if _host_kept(keep):
         raise ValueError("buffers: expected every buffer of a call on the same device, got host and device memory")
     ordinals = {h.device for h in devices if h.device is not None}

@@ -2,18 +2,21 @@
 //! `abort()` releases a collective blocked in the first), with its submission thread.
 //! The pure-Python `chorus.Comm` wraps it and checks arguments first.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chorus::{Comm, Config, RootHost, UniqueId};
+use chorus::{Comm, RootHost, UniqueId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use crate::done::Done;
+use crate::drive::Running;
 use crate::op::{self, OpTuple};
 use crate::queue::{Job, Queue};
 use crate::unique_id::PyUniqueId;
-use crate::wait::{self, Slot};
+use crate::wait;
 use crate::work::{self, Work};
 use crate::{config, error, view};
 
@@ -22,6 +25,7 @@ pub(crate) struct PyComm {
     /// `None` once destroyed.
     comm: Mutex<Option<Arc<Comm>>>,
     queue: Queue,
+    calls: Calls,
     rank: u32,
     size: u32,
     epoch: u64,
@@ -39,6 +43,7 @@ impl PyComm {
             size: comm.size(),
             epoch: comm.epoch(),
             queue: Queue::start(comm.clone())?,
+            calls: Calls::default(),
             comm: Mutex::new(Some(comm)),
             teardown,
             _root: root,
@@ -65,6 +70,33 @@ impl PyComm {
             .map_err(|e| error::to_py(py, &e))
     }
 
+    fn enqueue(
+        &self,
+        comm: &Arc<Comm>,
+        specs: Vec<op::Spec>,
+        group: bool,
+        timeout: Option<Duration>,
+        keep: Py<PyAny>,
+    ) -> PyResult<Work> {
+        let done = Done::new();
+        let job = Job {
+            specs,
+            group,
+            timeout,
+            done: done.clone(),
+            keep,
+        };
+        if self.queue.submit(job).is_err() {
+            return Err(destroyed());
+        }
+        self.calls.queued.fetch_add(1, Ordering::Relaxed);
+        Ok(Work {
+            done,
+            comm: Arc::downgrade(comm),
+            thread: self.queue.thread(),
+        })
+    }
+
     fn child(&self, comm: Comm) -> PyResult<PyComm> {
         PyComm::new(comm, self.teardown, self._root.clone())
     }
@@ -83,7 +115,7 @@ impl PyComm {
         world: u32,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyComm> {
-        let config = config::with_kwargs(Config::default(), config)?;
+        let config = config::resolve(config)?;
         let uid = uid.get();
         let (id, root) = (uid.id.clone(), uid.root.clone());
         let teardown = config.teardown_budget;
@@ -96,13 +128,11 @@ impl PyComm {
         PyComm::new(comm, teardown, root)
     }
 
-    /// `init` from the launch environment (`chorus run`, torchrun, Slurm, Open MPI); the
-    /// `CHORUS_*` variables apply first, then the keywords.
+    /// `init` from the launch environment (`chorus run`, torchrun, Slurm, Open MPI).
     #[staticmethod]
     #[pyo3(signature = (**config))]
     fn from_env(py: Python<'_>, config: Option<&Bound<'_, PyDict>>) -> PyResult<PyComm> {
-        let base = Config::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let config = config::with_kwargs(base, config)?;
+        let config = config::resolve(config)?;
         let teardown = config.teardown_budget;
         let comm = wait::call(py, || {}, move || Comm::from_env_blocking(config))?
             .map_err(|e| error::to_py(py, &e))?;
@@ -115,7 +145,7 @@ impl PyComm {
     fn join(py: Python<'_>, token: &str, config: Option<&Bound<'_, PyDict>>) -> PyResult<PyComm> {
         let id =
             UniqueId::parse(token).map_err(|e| PyValueError::new_err(format!("token: {e}")))?;
-        let config = config::with_kwargs(Config::default(), config)?;
+        let config = config::resolve(config)?;
         let teardown = config.teardown_budget;
         let comm = wait::call(py, || {}, move || Comm::join_blocking(&id, config))?
             .map_err(|e| error::to_py(py, &e))?;
@@ -123,24 +153,68 @@ impl PyComm {
     }
 
     /// Queues operations (a list of op tuples; `group`: run them as one NCCL group) behind
-    /// everything submitted before. `keep` owns their memory until they finish.
-    fn submit(&self, ops: Vec<OpTuple>, group: bool, keep: Py<PyAny>) -> PyResult<Work> {
+    /// everything submitted before. `keep` owns their memory until they finish; `timeout`
+    /// (seconds, from when they start) aborts the communicator if they overrun it.
+    #[pyo3(signature = (ops, group, keep, timeout=None))]
+    fn submit(
+        &self,
+        ops: Vec<OpTuple>,
+        group: bool,
+        keep: Py<PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Work> {
+        let timeout = timeout.map(|t| wait::seconds("timeout", t)).transpose()?;
         let specs = op::parse(ops)?;
         let comm = self.get()?;
-        let done = Slot::new();
-        let job = Job {
-            specs,
-            group,
-            done: done.clone(),
-            keep,
-        };
-        if self.queue.submit(job).is_err() {
-            return Err(destroyed());
+        self.enqueue(&comm, specs, group, timeout, keep)
+    }
+
+    /// Runs operations as `submit` does and waits for them, on this thread when nothing
+    /// submitted before is unfinished (the inline path), else through the queue. Raises
+    /// the operation's error; Ctrl-C aborts the communicator and raises `KeyboardInterrupt`.
+    #[pyo3(signature = (ops, group, keep, timeout=None))]
+    fn run(
+        &self,
+        py: Python<'_>,
+        ops: Vec<OpTuple>,
+        group: bool,
+        keep: Py<PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let timeout = timeout.map(|t| wait::seconds("timeout", t)).transpose()?;
+        let specs = op::parse(ops)?;
+        let comm = self.get()?;
+        if self.queue.is_own_thread() {
+            return Err(work::own_thread("a blocking collective"));
         }
-        Ok(Work {
-            done,
-            comm: Arc::downgrade(&comm),
+        let weak = Arc::downgrade(&comm);
+        if let Some(_turn) = self.queue.inline() {
+            self.calls.inline.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: `keep` (held by this frame, as is `specs`) owns the memory every spec
+            // names until `running` is dropped inside `wait::run`; `op::parse` checked the
+            // overlaps.
+            let running = unsafe { Running::start(&comm, &specs, group, timeout) };
+            let result = wait::run(py, running, || work::interrupt(&weak))?;
+            drop(keep);
+            return result.map_err(|e| error::to_py(py, &e));
+        }
+        let work = self.enqueue(&comm, specs, group, timeout, keep)?;
+        drop(comm);
+        let outcome = &work.done.outcome;
+        wait::wait(py, outcome, None, || work::interrupt(&weak))?;
+        outcome.with(|r| match r {
+            Some(Err(e)) => Err(error::to_py(py, e)),
+            _ => Ok(()),
         })
+    }
+
+    /// How many blocking calls took the inline path and how many went through the queue
+    /// (`(inline, queued)`), for tests and benchmarks.
+    fn _calls(&self) -> (u64, u64) {
+        (
+            self.calls.inline.load(Ordering::Relaxed),
+            self.calls.queued.load(Ordering::Relaxed),
+        )
     }
 
     #[getter]
@@ -239,6 +313,13 @@ impl PyComm {
             }
         }
     }
+}
+
+/// Counts of the paths operations took.
+#[derive(Default)]
+struct Calls {
+    inline: AtomicU64,
+    queued: AtomicU64,
 }
 
 fn destroyed() -> PyErr {

@@ -1,6 +1,10 @@
 //! Keyword arguments to `chorus::Config`: keyword `heartbeat_deadline` is the variable
 //! `CHORUS_HEARTBEAT_DEADLINE`, with the same units and the same parser
 //! (`Config::with_overrides`), so Python and the environment cannot drift apart.
+//!
+//! Both apply, to every constructor (`Comm`, `Comm.from_env`, `Comm.join`,
+//! `UniqueId.new`): a keyword beats its variable, a variable beats the default. A variable
+//! a keyword overrides is not read at all, so a bad value there does not matter.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -29,31 +33,43 @@ pub(crate) fn config_keys() -> Vec<String> {
     keys
 }
 
-/// `base` with `kwargs` applied as their variables would be. An unknown keyword is a
-/// `TypeError` naming it; a value the variable would refuse is a `ValueError`.
-pub(crate) fn with_kwargs(base: Config, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
-    let Some(kwargs) = kwargs else {
-        return Ok(base);
-    };
-    let known = config_keys();
+/// The configuration: `kwargs`, else the `CHORUS_*` environment, else the defaults. An
+/// unknown keyword is a `TypeError` naming it; a value the variable would refuse is a
+/// `ValueError` naming the keyword or the variable it came from.
+pub(crate) fn resolve(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
+    resolve_with(kwargs, |var| std::env::var(var).ok())
+}
+
+fn resolve_with(
+    kwargs: Option<&Bound<'_, PyDict>>,
+    env: impl Fn(&str) -> Option<String>,
+) -> PyResult<Config> {
     let mut values = HashMap::new();
-    for (key, value) in kwargs.iter() {
-        let key: String = key.extract()?;
-        if !known.contains(&key) {
-            return Err(PyTypeError::new_err(format!(
-                "unexpected keyword argument '{key}' (configuration keywords: {})",
-                known.join(", ")
-            )));
+    if let Some(kwargs) = kwargs {
+        let known = config_keys();
+        for (key, value) in kwargs.iter() {
+            let key: String = key.extract()?;
+            if !known.contains(&key) {
+                return Err(PyTypeError::new_err(format!(
+                    "unexpected keyword argument '{key}' (configuration keywords: {})",
+                    known.join(", ")
+                )));
+            }
+            values.insert(
+                format!("{PREFIX}{}", key.to_ascii_uppercase()),
+                text(&key, &value)?,
+            );
         }
-        values.insert(
-            format!("{PREFIX}{}", key.to_ascii_uppercase()),
-            text(&key, &value)?,
-        );
     }
-    base.with_overrides(|var| values.get(var).cloned())
+    Config::default()
+        .with_overrides(|var| values.get(var).cloned().or_else(|| env(var)))
         .map_err(|e| {
-            let key = keyword(e.var);
-            PyValueError::new_err(format!("{key}={:?}: {}", e.value, e.reason))
+            let name = if values.contains_key(e.var) {
+                keyword(e.var)
+            } else {
+                e.var.to_owned()
+            };
+            PyValueError::new_err(format!("{name}={:?}: {}", e.value, e.reason))
         })
 }
 
@@ -82,4 +98,52 @@ fn text(key: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
 
 fn keyword(var: &str) -> String {
     var.strip_prefix(PREFIX).unwrap_or(var).to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |var| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn a_keyword_beats_its_variable_and_a_variable_beats_the_default() {
+        Python::initialize();
+        Python::attach(|py| {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("op_timeout", "7s").unwrap();
+            let vars = env(&[("CHORUS_OP_TIMEOUT", "9s"), ("CHORUS_INIT_TIMEOUT", "11s")]);
+            let c = resolve_with(Some(&kwargs), vars).unwrap();
+            assert_eq!(c.op_timeout, std::time::Duration::from_secs(7));
+            assert_eq!(c.init_timeout, std::time::Duration::from_secs(11));
+            assert_eq!(c.agree_timeout, Config::default().agree_timeout);
+        });
+    }
+
+    #[test]
+    fn a_bad_variable_is_named_unless_a_keyword_overrides_it() {
+        Python::initialize();
+        Python::attach(|py| {
+            let vars = env(&[("CHORUS_OP_TIMEOUT", "soon")]);
+            let e = resolve_with(None, &vars).unwrap_err();
+            assert!(e.to_string().contains("CHORUS_OP_TIMEOUT=\"soon\""), "{e}");
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("op_timeout", "7s").unwrap();
+            assert!(resolve_with(Some(&kwargs), &vars).is_ok());
+            kwargs.set_item("op_timeout", "later").unwrap();
+            let e = resolve_with(Some(&kwargs), &vars).unwrap_err();
+            assert!(
+                e.to_string()
+                    .starts_with("ValueError: op_timeout=\"later\""),
+                "{e}"
+            );
+        });
+    }
 }

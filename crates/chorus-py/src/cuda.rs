@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use crate::comm::PyComm;
 use crate::error;
 use crate::op::{self, Kind, OpTuple, Raw, Spec};
-use crate::queue::Outcome;
+use crate::done::Done;
 use crate::wait::{self, Slot};
 use crate::work::{self, Work};
 
@@ -27,7 +27,7 @@ struct DeviceJob {
     specs: Vec<Spec>,
     group: bool,
     stream: usize,
-    done: Arc<Outcome>,
+    done: Arc<Done>,
     keep: Py<PyAny>,
 }
 
@@ -41,6 +41,8 @@ pub(crate) struct PyCudaComm {
     /// this one, a split of it).
     host: std::sync::Weak<chorus::Comm>,
     device: String,
+    /// The submission thread, which must never wait for its own queue.
+    thread: std::thread::ThreadId,
 }
 
 #[pymethods]
@@ -63,7 +65,7 @@ impl PyCudaComm {
         let (tx, rx) = mpsc::channel::<DeviceJob>();
         let exited = Slot::new();
         let (worker, done) = (cuda.clone(), exited.clone());
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name(format!("chorus-py-cuda-r{}", cuda.rank()))
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
@@ -91,6 +93,7 @@ impl PyCudaComm {
             cuda: Mutex::new(Some(cuda)),
             host: weak,
             device,
+            thread: handle.thread().id(),
         })
     }
 
@@ -105,7 +108,7 @@ impl PyCudaComm {
         stream: usize,
     ) -> PyResult<Work> {
         let specs = op::parse(ops)?;
-        let done = Slot::new();
+        let done = Done::new();
         let job = DeviceJob {
             specs,
             group,
@@ -118,6 +121,7 @@ impl PyCudaComm {
             Some(Ok(())) => Ok(Work {
                 done,
                 comm: self.host.clone(),
+                thread: self.thread,
             }),
             _ => Err(error::to_py_destroyed()),
         }

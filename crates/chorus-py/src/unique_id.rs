@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use chorus::{Config, RootHost, UniqueId};
+use chorus::{RootHost, UniqueId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -48,7 +48,7 @@ impl PyUniqueId {
                 "world: expected at least one rank, got 0",
             ));
         }
-        let config = config::with_kwargs(Config::default(), config)?;
+        let config = config::resolve(config)?;
         let root = py
             .detach(|| RootHost::start(addr, world, &config))
             .map_err(|e| error::to_py(py, &e))?;

@@ -1,12 +1,15 @@
 //! Waits the interpreter can interrupt: the GIL released, in slices of at most 20 ms, with
 //! Python's signal handlers run between slices, so Ctrl-C during a blocked call raises
-//! `KeyboardInterrupt` well within 100 ms.
+//! `KeyboardInterrupt` well within 100 ms. A slice ends early when what it waits for is
+//! there, so the slices cost nothing on the way to a result.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+
+use crate::drive::Running;
 
 /// The longest the GIL stays released between two signal checks.
 const SLICE: Duration = Duration::from_millis(20);
@@ -93,6 +96,27 @@ pub(crate) fn wait<T: Send>(
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(false);
+        }
+    }
+}
+
+/// Runs `running` to its end on this thread with the GIL released, as [`wait`] waits. A
+/// signal handler that raises ends the call: `interrupted` runs (it aborts the
+/// communicator, so the operation ends at once), the operation is still run to its end
+/// (it uses the caller's memory), and the handler's exception is returned.
+pub(crate) fn run(
+    py: Python<'_>,
+    mut running: Running<'_>,
+    interrupted: impl FnOnce(),
+) -> PyResult<chorus::Result<()>> {
+    loop {
+        if let Some(result) = py.detach(|| running.slice(SLICE)) {
+            return Ok(result);
+        }
+        if let Err(e) = py.check_signals() {
+            interrupted();
+            py.detach(|| drop(running.finish()));
+            return Err(e);
         }
     }
 }

@@ -6,19 +6,23 @@
 //! observed (a failure still shows in `Comm.async_error()`).
 
 use std::sync::{Arc, Weak};
+use std::thread::ThreadId;
 
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+use crate::done::Done;
 use crate::error;
-use crate::queue::Outcome;
 use crate::wait;
 
 #[pyclass(frozen, module = "chorus._chorus")]
 pub(crate) struct Work {
-    pub(crate) done: Arc<Outcome>,
+    pub(crate) done: Arc<Done>,
     /// The communicator to abort when Ctrl-C interrupts a wait (weak: a `Work` kept
     /// around must not keep the communicator alive).
     pub(crate) comm: Weak<chorus::Comm>,
+    /// The submission thread that runs it, which must never wait for its own queue.
+    pub(crate) thread: ThreadId,
 }
 
 #[pymethods]
@@ -30,12 +34,16 @@ impl Work {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let timeout = timeout.map(|t| wait::seconds("timeout", t)).transpose()?;
+        let outcome = &self.done.outcome;
+        if !outcome.is_set() && std::thread::current().id() == self.thread {
+            return Err(own_thread("wait"));
+        }
         let comm = self.comm.clone();
-        let finished = wait::wait(py, &self.done, timeout, move || interrupt(&comm))?;
+        let finished = wait::wait(py, outcome, timeout, move || interrupt(&comm))?;
         if !finished {
             return Ok(false);
         }
-        self.done.with(|r| match r {
+        outcome.with(|r| match r {
             Some(Err(e)) => Err(error::to_py(py, e)),
             _ => Ok(true),
         })
@@ -43,15 +51,21 @@ impl Work {
 
     /// True once the operation has finished (succeeded or failed).
     fn is_completed(&self) -> bool {
-        self.done.is_set()
+        self.done.outcome.is_set()
     }
 
     /// The operation's error once it has failed; None while running or after success.
     fn exception<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
-        self.done.with(|r| match r {
+        self.done.outcome.with(|r| match r {
             Some(Err(e)) => Some(error::instance(py, e)),
             _ => None,
         })
+    }
+
+    /// Calls `callback()` once the operation has finished (succeeded or failed): at once
+    /// on this thread if it already has, else on the communicator's submission thread.
+    fn add_done_callback(&self, py: Python<'_>, callback: Py<PyAny>) {
+        self.done.add_callback(py, callback);
     }
 }
 
@@ -61,4 +75,13 @@ pub(crate) fn interrupt(comm: &Weak<chorus::Comm>) {
     if let Some(comm) = comm.upgrade() {
         comm.abort("interrupted: a signal handler raised (KeyboardInterrupt) during a wait");
     }
+}
+
+/// A blocking call from a done callback, which runs on the submission thread: the thread
+/// would wait for itself.
+pub(crate) fn own_thread(what: &str) -> PyErr {
+    PyRuntimeError::new_err(format!(
+        "{what}: called from a done callback, which runs on the communicator's submission \
+         thread and would wait for itself (submit with async_op=True instead)"
+    ))
 }
