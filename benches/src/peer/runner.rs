@@ -325,7 +325,7 @@ mod tests {
         assert_eq!(two[n - 1], (4, System::ChorusTcp));
         // n systems rotating and two directions alternating: the order repeats every
         // lcm(n, 2) rounds, and not before
-        let period = if n % 2 == 0 { n } else { 2 * n } as u32;
+        let period = if n.is_multiple_of(2) { n } else { 2 * n } as u32;
         assert_eq!(p.order(period + 1), p.order(1));
         assert_ne!(p.order(period), p.order(1));
     }
