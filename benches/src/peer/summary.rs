@@ -386,8 +386,10 @@ fn targets(rows: &[SizeRow], latency: &[Latency]) -> Vec<Target> {
         let best = from.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
         let what = if peer == System::OpenMpiShm {
             format!(
-                "standing against {} from {TARGET_FROM} (not a target yet: needs a shared-memory transport)",
-                peer.label()
+                "standing of {} against {} from {TARGET_FROM} (its targets are {}'s)",
+                System::ChorusTcp.label(),
+                peer.label(),
+                System::ChorusShm.label()
             )
         } else {
             format!(
