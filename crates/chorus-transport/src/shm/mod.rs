@@ -79,7 +79,10 @@ struct Inner {
 }
 
 impl ShmTransport {
+    /// Fails if this kernel or sandbox refuses a sealed memfd: better now, where the
+    /// runtime's default (`auto`) can keep TCP, than at every connect.
     pub fn new(cfg: TransportConfig, secret: JobSecret) -> Result<Self, TransportError> {
+        drop(Segment::create(ring::MIN_CAPACITY as usize).map_err(segment_error)?);
         let progress = ProgressThread::start("chorus-shm")?;
         Ok(Self {
             inner: Arc::new(Inner {
