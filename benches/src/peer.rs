@@ -15,6 +15,7 @@ mod error;
 pub mod loopback;
 pub mod markdown;
 pub mod memcpy;
+pub mod plane_targets;
 pub mod plot;
 pub mod py_targets;
 pub mod record;

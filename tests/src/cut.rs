@@ -43,7 +43,11 @@ pub fn run(ns: &Netns, bin: &Path, world: u32, deadline: Duration) -> CutRun {
         )
         .env("CT_ON_FAIL", "shrink")
         .env("CT_START", "loop")
-        .env("CT_SIZES", "1,1024");
+        .env("CT_SIZES", "1,1024")
+        // The cut drops packets: it partitions sockets, not shared memory, so the ranks'
+        // data links must be sockets too (under `auto` same-host peers share segments,
+        // and the cut-off rank would hear its eviction through one).
+        .env("CHORUS_TRANSPORT", "tcp");
     let mut job = Job::start(bin, spec);
     let slots: Vec<usize> = (0..world as usize).collect();
     for &s in &slots {

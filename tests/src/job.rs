@@ -44,11 +44,16 @@ pub struct JobSpec {
 
 impl JobSpec {
     /// A job of `world` ranks. `CHORUS_TESTS_LOG` (a tracing filter) in this process's
-    /// environment turns on the ranks' logs (kept in their stderr files on failure).
+    /// environment turns on the ranks' logs (kept in their stderr files on failure);
+    /// `CHORUS_TESTS_TRANSPORT` sets the ranks' `CHORUS_TRANSPORT` (default: theirs, `auto`),
+    /// so the whole suite can run over one transport.
     pub fn new(world: u32) -> Self {
-        let env = std::env::var("CHORUS_TESTS_LOG")
+        let mut env: Vec<(String, String)> = std::env::var("CHORUS_TESTS_LOG")
             .map(|f| vec![("CT_LOG".to_owned(), f)])
             .unwrap_or_default();
+        if let Ok(t) = std::env::var("CHORUS_TESTS_TRANSPORT") {
+            env.push(("CHORUS_TRANSPORT".to_owned(), t));
+        }
         JobSpec {
             world,
             env,

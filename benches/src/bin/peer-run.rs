@@ -38,7 +38,8 @@ struct Args {
     /// Rank counts.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     ranks: Vec<u32>,
-    /// Systems to run (chorus-tcp, chorus-py, chorus-torch, gloo-tcp, openmpi-tcp, openmpi-shm).
+    /// Systems to run (chorus-tcp, chorus-shm, chorus-py, chorus-torch, gloo-tcp, openmpi-tcp,
+    /// openmpi-shm).
     #[arg(long, value_delimiter = ',', value_parser = parse_system)]
     systems: Option<Vec<System>>,
     /// Override the sweep's smallest size (e.g. 8).
@@ -98,7 +99,7 @@ fn parse_system(text: &str) -> Result<System, String> {
         .find(|s| s.key() == text)
         .ok_or_else(|| {
             format!(
-                "unknown system {text:?} (chorus-tcp, chorus-py, gloo-tcp, openmpi-tcp, openmpi-shm)"
+                "unknown system {text:?} (chorus-tcp, chorus-shm, chorus-py, chorus-torch, gloo-tcp, openmpi-tcp, openmpi-shm)"
             )
         })
 }

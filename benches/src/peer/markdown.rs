@@ -99,16 +99,14 @@ fn render_world(out: &mut String, w: &World) {
         return;
     }
     let _ = writeln!(out);
-    let peers: Vec<System> = w
-        .rows
-        .iter()
-        .flat_map(|r| r.ratios.iter().map(|x| x.peer))
-        .fold(Vec::new(), |mut v, p| {
-            if !v.contains(&p) {
-                v.push(p);
-            }
-            v
-        });
+    let pairs: Vec<(System, System)> = System::PAIRS
+        .into_iter()
+        .filter(|&(c, p)| {
+            w.rows
+                .iter()
+                .any(|r| r.ratios.iter().any(|x| x.chorus == c && x.peer == p))
+        })
+        .collect();
 
     let _ = writeln!(
         out,
@@ -121,8 +119,14 @@ fn render_world(out: &mut String, w: &World) {
         let _ = write!(header, " {} |", s.label());
         rule.push_str("---:|");
     }
-    for p in &peers {
-        let _ = write!(header, " chorus ÷ {} |", p.label());
+    for (c, p) in &pairs {
+        // "chorus ÷ peer" for the TCP column, as reports always said; the others by name.
+        let ours = if *c == System::ChorusTcp {
+            "chorus"
+        } else {
+            c.label()
+        };
+        let _ = write!(header, " {ours} ÷ {} |", p.label());
         rule.push_str("---:|");
     }
     let _ = writeln!(out, "{header}\n{rule}");
@@ -138,8 +142,8 @@ fn render_world(out: &mut String, w: &World) {
                 )
             );
         }
-        for p in &peers {
-            match row.ratios.iter().find(|x| x.peer == *p) {
+        for (c, p) in &pairs {
+            match row.ratios.iter().find(|x| x.chorus == *c && x.peer == *p) {
                 Some(r) => {
                     let _ = write!(out, " {:.2}× |", r.chorus_over_peer);
                 }
@@ -206,7 +210,7 @@ fn render_world(out: &mut String, w: &World) {
     }
 
     if !w.targets.is_empty() {
-        let _ = writeln!(out, "### Targets (issue 7, first round)\n");
+        let _ = writeln!(out, "### Targets\n");
         for t in &w.targets {
             let mark = if t.what.starts_with("standing") {
                 "info"
@@ -283,6 +287,26 @@ mod tests {
         );
         assert!(
             md.contains("- round 2, openmpi-shm, 2 ranks: failed: timed out after 60 s"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn the_shm_column_gets_its_own_ratio_against_open_mpis_shared_memory() {
+        let mut recs = records();
+        recs.push(crate::peer::summary::tests::measured(
+            1,
+            System::ChorusShm,
+            2,
+            [20.0, 5.0, 50.0],
+        ));
+        let md = render(&summarize(meta(), &recs));
+        assert!(md.contains(
+            "| Open MPI (shm) | chorus (shm) | chorus ÷ Gloo (tcp) | chorus ÷ Open MPI (tcp) | chorus ÷ Open MPI (shm) | chorus (shm) ÷ Open MPI (shm) |"
+        ), "{md}");
+        assert!(md.contains(" | 0.17× | 2.00× |\n"), "{md}");
+        assert!(
+            md.contains("- met: chorus (shm) bus bandwidth ≥ 1.2× Open MPI (shm) from 64 KiB"),
             "{md}"
         );
     }

@@ -40,6 +40,7 @@ pub fn draw(summary: &Summary, path: &Path) -> Result<(), PeerError> {
 fn color(system: System) -> RGBColor {
     match system {
         System::ChorusTcp => RGBColor(214, 39, 40),
+        System::ChorusShm => RGBColor(140, 86, 75),
         System::ChorusPy => RGBColor(255, 127, 14),
         System::ChorusTorch => RGBColor(148, 103, 189),
         System::GlooTcp => RGBColor(31, 119, 180),

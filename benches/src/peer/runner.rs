@@ -323,10 +323,11 @@ mod tests {
         let two = p.order(2);
         assert_eq!(two[0], (4, System::GlooTcp));
         assert_eq!(two[n - 1], (4, System::ChorusTcp));
-        // n systems rotating (n even) and two directions alternating: the order repeats
-        // every n rounds, and not before
-        assert_eq!(p.order(n as u32 + 1), p.order(1));
-        assert_ne!(p.order(n as u32), p.order(1));
+        // n systems rotating and two directions alternating: the order repeats every
+        // lcm(n, 2) rounds, and not before
+        let period = if n.is_multiple_of(2) { n } else { 2 * n } as u32;
+        assert_eq!(p.order(period + 1), p.order(1));
+        assert_ne!(p.order(period), p.order(1));
     }
 
     /// A fake "system": a shell script standing in for mpirun, so the runner's handling of

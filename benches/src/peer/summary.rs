@@ -73,7 +73,8 @@ pub struct SizeRow {
     pub size: Bytes,
     /// One per [`System::ALL`], `None` where that system has no numbers at this size.
     pub cells: Vec<Option<Cell>>,
-    /// chorus's bus bandwidth over each measured peer's (in-place), > 1 when chorus is faster.
+    /// chorus's bus bandwidth over each measured peer's (in-place), > 1 when chorus is faster,
+    /// for each of [`System::PAIRS`] with both sides measured.
     pub ratios: Vec<Ratio>,
 }
 
@@ -102,8 +103,15 @@ pub struct Stat {
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Ratio {
+    /// The chorus column (reports from before the shm column have only chorus (tcp)).
+    #[serde(default = "chorus_tcp")]
+    pub chorus: System,
     pub peer: System,
     pub chorus_over_peer: f64,
+}
+
+fn chorus_tcp() -> System {
+    System::ChorusTcp
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -146,11 +154,13 @@ pub fn summarize(meta: Meta, records: &[Record]) -> Summary {
     ranks.extend(runs.iter().map(|r| r.ranks));
     ranks.sort_unstable();
     ranks.dedup();
+    let limits = limits(records);
+    let memcpy = limits.memcpy_largest();
     Summary {
-        limits: limits(records),
+        limits,
         worlds: ranks
             .into_iter()
-            .map(|n| world(n, &runs, &meta.systems))
+            .map(|n| world(n, &runs, &meta.systems, memcpy))
             .collect(),
         failures: failures(records),
         meta,
@@ -192,7 +202,7 @@ fn limits(records: &[Record]) -> Limits {
     }
 }
 
-fn world(ranks: u32, runs: &[&RunRecord], asked: &[System]) -> World {
+fn world(ranks: u32, runs: &[&RunRecord], asked: &[System], memcpy: Option<MemcpyPoint>) -> World {
     let factor = busbw_factor(ranks);
     let mut systems = Vec::new();
     // (system, size) -> per-round measures of each mode.
@@ -290,7 +300,10 @@ fn world(ranks: u32, runs: &[&RunRecord], asked: &[System]) -> World {
                 .collect()
         })
         .unwrap_or_default();
-    let targets = targets(&rows, &latency);
+    let mut targets = targets(&rows, &latency);
+    targets.extend(crate::peer::plane_targets::targets(
+        ranks, &rows, &latency, memcpy,
+    ));
     World {
         ranks,
         busbw_factor: factor,
@@ -337,16 +350,14 @@ pub(crate) fn in_place(cells: &[Option<Cell>], system: System) -> Option<&Stat> 
 }
 
 fn ratios(cells: &[Option<Cell>]) -> Vec<Ratio> {
-    let Some(chorus) = in_place(cells, System::ChorusTcp) else {
-        return Vec::new();
-    };
-    System::PEERS
+    System::PAIRS
         .iter()
-        .filter_map(|&peer| {
-            let theirs = in_place(cells, peer)?;
+        .filter_map(|&(chorus, peer)| {
+            let (ours, theirs) = (in_place(cells, chorus)?, in_place(cells, peer)?);
             Some(Ratio {
+                chorus,
                 peer,
-                chorus_over_peer: chorus.busbw_gbs / theirs.busbw_gbs,
+                chorus_over_peer: ours.busbw_gbs / theirs.busbw_gbs,
             })
         })
         .collect()
@@ -362,10 +373,11 @@ fn targets(rows: &[SizeRow], latency: &[Latency]) -> Vec<Target> {
             .iter()
             .filter(|r| r.size >= TARGET_FROM)
             .filter_map(|r| {
-                Some((
-                    r.size,
-                    r.ratios.iter().find(|x| x.peer == peer)?.chorus_over_peer,
-                ))
+                let ratio = r
+                    .ratios
+                    .iter()
+                    .find(|x| x.chorus == System::ChorusTcp && x.peer == peer)?;
+                Some((r.size, ratio.chorus_over_peer))
             })
             .collect();
         let Some(&(worst_size, worst)) = from.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
@@ -374,8 +386,10 @@ fn targets(rows: &[SizeRow], latency: &[Latency]) -> Vec<Target> {
         let best = from.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
         let what = if peer == System::OpenMpiShm {
             format!(
-                "standing against {} from {TARGET_FROM} (not a target yet: needs a shared-memory transport)",
-                peer.label()
+                "standing of {} against {} from {TARGET_FROM} (its targets are {}'s)",
+                System::ChorusTcp.label(),
+                peer.label(),
+                System::ChorusShm.label()
             )
         } else {
             format!(

@@ -13,6 +13,9 @@ pub enum System {
     /// `chorus bench all-reduce --transport tcp --json`.
     #[serde(rename = "chorus-tcp")]
     ChorusTcp,
+    /// `chorus bench all-reduce --transport shm --json`: the same ranks through shared memory.
+    #[serde(rename = "chorus-shm")]
+    ChorusShm,
     /// The same sweep through chorus's Python package on numpy arrays
     /// (`benches/peer/chorus_py_allreduce.py`): chorus bench plus the Python call.
     #[serde(rename = "chorus-py")]
@@ -33,13 +36,14 @@ pub enum System {
 }
 
 impl System {
-    /// Every system, in the order the tables show them (chorus (python) last: it is chorus
-    /// again, plus the Python call).
-    pub const ALL: [Self; 6] = [
+    /// Every system, in the order the tables show them (chorus (shm) beside Open MPI's shared
+    /// memory; chorus (python) last: it is chorus again, plus the Python call).
+    pub const ALL: [Self; 7] = [
         Self::ChorusTcp,
         Self::GlooTcp,
         Self::OpenMpiTcp,
         Self::OpenMpiShm,
+        Self::ChorusShm,
         Self::ChorusPy,
         Self::ChorusTorch,
     ];
@@ -47,10 +51,20 @@ impl System {
     /// The peers chorus is compared against.
     pub const PEERS: [Self; 3] = [Self::GlooTcp, Self::OpenMpiTcp, Self::OpenMpiShm];
 
+    /// The pairs the ratio columns show, (chorus column, peer): chorus over TCP against
+    /// every peer, chorus over shared memory against Open MPI's shared memory.
+    pub const PAIRS: [(Self, Self); 4] = [
+        (Self::ChorusTcp, Self::GlooTcp),
+        (Self::ChorusTcp, Self::OpenMpiTcp),
+        (Self::ChorusTcp, Self::OpenMpiShm),
+        (Self::ChorusShm, Self::OpenMpiShm),
+    ];
+
     /// Stable name used in file names and JSON.
     pub fn key(self) -> &'static str {
         match self {
             Self::ChorusTcp => "chorus-tcp",
+            Self::ChorusShm => "chorus-shm",
             Self::ChorusPy => "chorus-py",
             Self::ChorusTorch => "chorus-torch",
             Self::GlooTcp => "gloo-tcp",
@@ -63,6 +77,7 @@ impl System {
     pub fn label(self) -> &'static str {
         match self {
             Self::ChorusTcp => "chorus (tcp)",
+            Self::ChorusShm => "chorus (shm)",
             Self::ChorusPy => "chorus (python)",
             Self::ChorusTorch => "chorus (torch)",
             Self::GlooTcp => "Gloo (tcp)",
@@ -74,7 +89,7 @@ impl System {
     /// The `transport` its documents must carry.
     pub fn transport(self) -> &'static str {
         match self {
-            Self::OpenMpiShm => "shm",
+            Self::OpenMpiShm | Self::ChorusShm => "shm",
             _ => "tcp",
         }
     }
@@ -154,7 +169,7 @@ impl Tools {
             sweep.iters().to_string(),
         ];
         match system {
-            System::ChorusTcp => {
+            System::ChorusTcp | System::ChorusShm => {
                 if !self.chorus.is_file() {
                     return Err(format!(
                         "{} not found (build it: cargo build --release -p chorus-cli)",
@@ -164,7 +179,7 @@ impl Tools {
                 let mut cmd = Command::new(&self.chorus);
                 cmd.args(["bench", "all-reduce", "-n", &ranks.to_string()])
                     .args(&sizes)
-                    .args(["--transport", "tcp", "--json"]);
+                    .args(["--transport", system.transport(), "--json"]);
                 Ok(cmd)
             }
             System::GlooTcp | System::ChorusPy | System::ChorusTorch => {
@@ -176,6 +191,11 @@ impl Tools {
                 };
                 let python = python.as_ref().map_err(Clone::clone)?;
                 let mut cmd = Command::new(python);
+                // The Python columns measure the call's cost over `chorus bench`'s TCP
+                // column (their targets compare the two), not the default transport.
+                if system != System::GlooTcp {
+                    cmd.env("CHORUS_TRANSPORT", "tcp");
+                }
                 cmd.arg(script);
                 if system == System::ChorusTorch {
                     cmd.args(["--backend", "chorus"]);
@@ -326,6 +346,29 @@ mod tests {
             ),
             "{line}"
         );
+        let line = argv(&t.command(System::ChorusShm, 2, &Sweep::QUICK, 120).unwrap());
+        assert!(
+            line.ends_with(
+                " bench all-reduce -n 2 -b 8 -e 16M -f 8 -w 2 -i 5 --transport shm --json"
+            ),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_python_columns_stay_on_tcp_whatever_the_default() {
+        for system in [System::ChorusPy, System::ChorusTorch] {
+            let cmd = tools().command(system, 2, &Sweep::QUICK, 60).unwrap();
+            let transport = cmd
+                .get_envs()
+                .find(|(k, _)| *k == "CHORUS_TRANSPORT")
+                .and_then(|(_, v)| v);
+            assert_eq!(transport, Some(std::ffi::OsStr::new("tcp")), "{system:?}");
+        }
+        let gloo = tools()
+            .command(System::GlooTcp, 2, &Sweep::QUICK, 60)
+            .unwrap();
+        assert_eq!(gloo.get_envs().count(), 0);
     }
 
     #[test]

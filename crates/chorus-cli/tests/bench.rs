@@ -30,7 +30,8 @@ fn check_doc(doc: &Value, collective: &str, ranks: u64, factor: f64) {
     assert_eq!(doc["chorus_bench"], 1);
     assert_eq!(doc["collective"], collective);
     assert_eq!(doc["ranks"], ranks);
-    assert_eq!(doc["transport"], "tcp");
+    // The default: shared memory between the ranks of this host.
+    assert_eq!(doc["transport"], "auto");
     let rows = doc["rows"].as_array().unwrap();
     assert!(!rows.is_empty());
     let mut busbw = Vec::new();
@@ -86,6 +87,20 @@ fn every_collective_gives_the_agreed_document_with_no_wrong_element() {
             3,
             "64 B, 1 KiB, 16 KiB"
         );
+    }
+}
+
+#[test]
+fn a_forced_transport_is_used_and_named_in_the_document() {
+    for transport in ["shm", "tcp"] {
+        let mut args = vec!["all-reduce", "-n", "2", "--transport", transport];
+        args.extend_from_slice(&SMALL);
+        let (doc, done) = bench_json(&args);
+        assert_eq!(done.code(), 0, "{transport}: {}", done.stderr);
+        assert_eq!(doc["transport"], transport);
+        for row in doc["rows"].as_array().unwrap() {
+            assert_eq!(row["in_place"]["wrong"], 0, "{transport}: {row}");
+        }
     }
 }
 

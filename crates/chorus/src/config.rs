@@ -33,9 +33,10 @@ pub struct Config {
     /// Budget of `destroy` and `abort` teardown: departures, closes, thread joins.
     /// `CHORUS_TEARDOWN_BUDGET` (default 2s; at most 1h).
     pub teardown_budget: Duration,
-    /// Data-plane transport. `CHORUS_TRANSPORT` = `tcp` (io_uring, falling back to epoll),
-    /// `tcp-uring`, `tcp-epoll`, `quic`, or `shm` (shared memory with peers on this host,
-    /// `tcp` with the others) (default `tcp`).
+    /// Data-plane transport. `CHORUS_TRANSPORT` = `auto` (default: shared memory with peers
+    /// on this host and network namespace where the shm listener starts, `tcp` with the
+    /// others), `tcp` (io_uring, falling back to epoll; everywhere, same-host peers too),
+    /// `tcp-uring`, `tcp-epoll`, `quic`, or `shm` (as `auto`, but init fails without shm).
     pub transport: TransportChoice,
     /// Whether same-host peers are watched by process id (pidfd), the fastest death evidence.
     /// `CHORUS_SAME_HOST_EVIDENCE` (default on).
@@ -67,7 +68,7 @@ impl Default for Config {
             init_timeout: Duration::from_secs(60),
             agree_timeout: Duration::from_secs(30),
             teardown_budget: Duration::from_secs(2),
-            transport: TransportChoice::Tcp,
+            transport: TransportChoice::Auto,
             same_host_evidence: true,
             bind: IpAddr::from([127, 0, 0, 1]),
             depart_on_signal: false,
@@ -82,6 +83,9 @@ impl Default for Config {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TransportChoice {
+    /// Shared memory with peers on this host (as `Shm`) where it can start, `Tcp` with the
+    /// others and, if it cannot, with every peer.
+    Auto,
     /// TCP over io_uring, or epoll where io_uring is refused.
     Tcp,
     /// TCP over io_uring only; init fails where io_uring is refused.
@@ -99,6 +103,7 @@ impl TransportChoice {
     /// The name `CHORUS_TRANSPORT` and `--transport` accept.
     pub const fn name(self) -> &'static str {
         match self {
+            TransportChoice::Auto => "auto",
             TransportChoice::Tcp => "tcp",
             TransportChoice::TcpUring => "tcp-uring",
             TransportChoice::TcpEpoll => "tcp-epoll",
@@ -119,12 +124,13 @@ impl FromStr for TransportChoice {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
+            "auto" => Ok(TransportChoice::Auto),
             "tcp" => Ok(TransportChoice::Tcp),
             "tcp-uring" | "uring" => Ok(TransportChoice::TcpUring),
             "tcp-epoll" | "epoll" => Ok(TransportChoice::TcpEpoll),
             "quic" => Ok(TransportChoice::Quic),
             "shm" => Ok(TransportChoice::Shm),
-            _ => Err("expected one of tcp, tcp-uring, tcp-epoll, quic, shm".into()),
+            _ => Err("expected one of auto, tcp, tcp-uring, tcp-epoll, quic, shm".into()),
         }
     }
 }
@@ -431,6 +437,23 @@ mod tests {
     #[test]
     fn defaults_are_consistent() {
         assert_eq!(with(&[]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn the_default_transport_is_auto_and_every_name_parses_back() {
+        assert_eq!(Config::default().transport, TransportChoice::Auto);
+        for t in [
+            TransportChoice::Auto,
+            TransportChoice::Tcp,
+            TransportChoice::TcpUring,
+            TransportChoice::TcpEpoll,
+            TransportChoice::Quic,
+            TransportChoice::Shm,
+        ] {
+            assert_eq!(t.name().parse::<TransportChoice>(), Ok(t));
+        }
+        let forced = with(&[("CHORUS_TRANSPORT", "tcp")]).unwrap();
+        assert_eq!(forced.transport, TransportChoice::Tcp);
     }
 
     #[test]

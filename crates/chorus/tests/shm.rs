@@ -1,9 +1,10 @@
 #![allow(clippy::unwrap_used)]
 
-//! `CHORUS_TRANSPORT=shm` through the real runtime: ranks as threads of one process (one
-//! host, one network namespace), so every data link is a shared-memory segment.
+//! `CHORUS_TRANSPORT=shm` and the default `auto` through the real runtime: ranks as threads
+//! of one process (one host, one network namespace), so every data link between two ranks
+//! that serve shared memory is a segment.
 
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -15,6 +16,9 @@ fn config() -> Config {
     config.transport = TransportChoice::Shm;
     config
 }
+
+/// The tests count this process's segments: one at a time.
+static COUNTING: Mutex<()> = Mutex::new(());
 
 /// Open descriptors of this process that are chorus shm segments.
 fn segments() -> usize {
@@ -30,6 +34,7 @@ fn segments() -> usize {
 
 #[test]
 fn four_ranks_all_reduce_over_shm_segments_and_destroy() {
+    let _one = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let world = 4;
     let root = RootHost::start("127.0.0.1:0".parse().unwrap(), world, &config()).unwrap();
     let id = root.unique_id().clone();
@@ -67,5 +72,51 @@ fn four_ranks_all_reduce_over_shm_segments_and_destroy() {
             seen >= 12,
             "{seen} shm segments open; the links are not shm"
         );
+    }
+}
+
+/// The default transport in a mixed world: ranks 0–2 keep `auto`, rank 3 forces `tcp`. The
+/// three pairs among 0–2 share segments (both ends of each mapped in this process: 6), and
+/// no link to rank 3 does; the results are right on both kinds of link.
+#[test]
+fn by_default_shm_carries_exactly_the_links_whose_ends_both_serve_it() {
+    let _one = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(Config::default().transport, TransportChoice::Auto);
+    let world = 4;
+    let rank_config = |r: u32| {
+        let mut config = Config::default();
+        config.init_timeout = Duration::from_secs(30);
+        if r == 3 {
+            config.transport = TransportChoice::Tcp;
+        }
+        config
+    };
+    let root = RootHost::start("127.0.0.1:0".parse().unwrap(), world, &rank_config(0)).unwrap();
+    let id = root.unique_id().clone();
+    let linked = Barrier::new(world as usize);
+    let before = segments();
+    let seen: Vec<usize> = thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let (id, linked) = (id.clone(), &linked);
+                s.spawn(move || {
+                    let comm = Comm::init_blocking(&id, r, world, rank_config(r)).unwrap();
+                    let mut big = vec![u64::from(r) + 1; 1 << 18];
+                    comm.blocking()
+                        .all_reduce_in_place(&mut big, Reduction::Sum)
+                        .unwrap();
+                    assert!(big.iter().all(|&v| v == 10), "rank {r}");
+                    linked.wait();
+                    let seen = segments();
+                    linked.wait();
+                    comm.destroy_blocking().unwrap();
+                    seen
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for n in seen {
+        assert_eq!(n - before, 6, "segments open while linked");
     }
 }

@@ -364,13 +364,21 @@ impl Rank {
         let old_rank = self.comm().rank();
         match self.comm().blocking().shrink() {
             Ok(next) => {
-                emit(
-                    json!({"ev": "shrunk", "old_rank": old_rank, "rank": next.rank(),
+                let shrunk = json!({"ev": "shrunk", "old_rank": old_rank, "rank": next.rank(),
                     "world": next.size(), "epoch": next.epoch(), "comm": next.id().get(),
-                    "ms": ms(started.elapsed())}),
-                );
+                    "ms": ms(started.elapsed())});
                 let old = self.comm.replace(next);
-                if let (Some(old), Ok("destroy")) = (old, std::env::var("CT_OLD").as_deref()) {
+                let destroy = std::env::var("CT_OLD").as_deref() == Ok("destroy");
+                // A dropped old communicator is gone once "shrunk" is read: a probe of its
+                // epoch right after must find it retired (stale-epoch), not still served.
+                let old = if destroy {
+                    old
+                } else {
+                    drop(old);
+                    None
+                };
+                emit(shrunk);
+                if let Some(old) = old {
                     // Destroying the old epoch's communicator must leave the new one be.
                     let started = Instant::now();
                     let ok = old.destroy_blocking().is_ok();

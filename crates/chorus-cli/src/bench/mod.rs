@@ -47,8 +47,9 @@ pub(crate) struct BenchArgs {
     pub(crate) ranks: u32,
     #[command(flatten)]
     pub(crate) sweep: SweepArgs,
-    /// Data-plane transport between the ranks: tcp, tcp-uring, tcp-epoll, quic, shm.
-    #[arg(long, value_name = "T", default_value = "tcp", value_parser = transport)]
+    /// Data-plane transport between the ranks: auto (shm on one host), tcp, tcp-uring,
+    /// tcp-epoll, quic, shm.
+    #[arg(long, value_name = "T", default_value = "auto", value_parser = transport)]
     pub(crate) transport: TransportChoice,
     /// Print one JSON document (the `chorus_bench` schema) on stdout instead of the table.
     #[arg(long)]

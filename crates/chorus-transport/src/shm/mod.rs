@@ -8,6 +8,13 @@
 //! rings (`ring.rs`), and the link's end is a departure frame plus a one-way closed word in
 //! the segment. A SIGKILLed peer is seen through a pidfd on the process the socket's
 //! `SO_PEERCRED` named, a frozen one by the runtime's heartbeat deadline.
+//!
+//! Large frames go through the ring too, pipelined in pieces, rather than by a single copy
+//! from the peer's memory (`process_vm_readv`, Open MPI's CMA path). Measured side by side
+//! (`cargo bench -p chorus-benches --bench shm_copy`, figures in that file), the single copy
+//! was 4–7× slower from 64 KiB to 16 MiB on this project's machine. It would also need the
+//! sender's buffer to stay put until the receiver has read it, which the engine's borrowed
+//! sends (`Link::send_bytes`, done when first polled) do not allow.
 
 mod futex;
 mod link;
@@ -72,7 +79,10 @@ struct Inner {
 }
 
 impl ShmTransport {
+    /// Fails if this kernel or sandbox refuses a sealed memfd: better now, where the
+    /// runtime's default (`auto`) can keep TCP, than at every connect.
     pub fn new(cfg: TransportConfig, secret: JobSecret) -> Result<Self, TransportError> {
+        drop(Segment::create(ring::MIN_CAPACITY as usize).map_err(segment_error)?);
         let progress = ProgressThread::start("chorus-shm")?;
         Ok(Self {
             inner: Arc::new(Inner {

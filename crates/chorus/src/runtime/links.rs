@@ -16,6 +16,7 @@ use chorus_protocol::{CloseCode, CommId, Envelope, Epoch, Rank};
 use chorus_transport::{Fingerprint, TransportError};
 use futures::future::try_join_all;
 
+use super::carrier::Carrier;
 use super::mailbox::{DataLink, not_yet};
 use super::{Session, millis, same_host, socket_addr, tokio_instant};
 use crate::error::{Error, ErrorKind};
@@ -61,19 +62,18 @@ async fn connect(
     let route = Envelope::new(comm, epoch, me);
     let mut pause = Duration::from_millis(2);
     // Shared memory with a peer on this host, until it proves unreachable that way.
-    let mut shm = same_host::wanted(session, peer);
+    let carriers = same_host::carriers(session);
+    let mut carrier = carriers.for_peer(peer);
     loop {
         let attempt = async {
-            if shm && let Some(t) = &session.shm {
-                return same_host::connect(t, route, peer).await;
-            }
-            match &session.tcp {
-                Some(tcp) => tcp
+            match (carrier, &session.shm, &session.tcp) {
+                (Carrier::Shm, Some(shm), _) => same_host::connect(shm, route, peer).await,
+                (Carrier::Shm | Carrier::Tcp, _, Some(tcp)) => tcp
                     .connect(addr, Role::Data, route, peer.rank)
                     .await
                     .and_then(|c| c.into_link())
                     .map(|l| Arc::new(l) as DataLink),
-                None => session
+                _ => session
                     .quic
                     .connect(
                         addr,
@@ -90,9 +90,9 @@ async fn connect(
         let result = tokio::time::timeout_at(tokio_instant(deadline), attempt).await;
         match result {
             Ok(Ok(link)) => return Ok(link),
-            Ok(Err(e)) if shm && same_host::unreachable(&e) => {
-                tracing::debug!(peer = %peer.rank, "shm listener unreachable (another network namespace); using tcp");
-                shm = false;
+            Ok(Err(e)) if carrier == Carrier::Shm && same_host::unreachable(&e) => {
+                tracing::debug!(peer = %peer.rank, "shm listener unreachable (another network namespace); using the network");
+                carrier = carriers.across();
             }
             Ok(Err(e)) if retryable(&e) && Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;

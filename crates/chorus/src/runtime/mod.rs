@@ -13,6 +13,7 @@
 //! control thread's clock.
 
 pub(crate) mod bootstrap;
+pub(crate) mod carrier;
 pub(crate) mod clock;
 pub(crate) mod epoch;
 pub(crate) mod host_identity;
@@ -63,7 +64,7 @@ pub(crate) struct Session {
     /// The TCP transport for data links (`None` when data goes over QUIC).
     pub(crate) tcp: Option<TcpTransport>,
     pub(crate) data_addr: SocketAddr,
-    /// The shm transport for same-host data links (`CHORUS_TRANSPORT=shm` only).
+    /// The shm transport for same-host data links (`CHORUS_TRANSPORT` `auto` or `shm`).
     pub(crate) shm: Option<ShmTransport>,
     /// Its listener, until the accept loops start.
     shm_listener: Mutex<Option<ShmListener>>,
@@ -219,12 +220,18 @@ impl Session {
             }
         };
         let (shm, shm_listener) = match config.transport {
-            TransportChoice::Shm => {
+            TransportChoice::Auto | TransportChoice::Shm => {
                 let fingerprint = identity.fingerprint().0;
-                let (t, l) = same_host::listen(&tcfg, &secret, &fingerprint, data_admission)
-                    .await
-                    .map_err(|e| transport_error("cannot listen for shm data links", e))?;
-                (Some(t), Some(l))
+                match same_host::listen(&tcfg, &secret, &fingerprint, data_admission).await {
+                    Ok((t, l)) => (Some(t), Some(l)),
+                    // Shared memory is an optimisation under `auto`: without it, same-host
+                    // peers are reached over TCP like any other (they see no `caps::SHM`).
+                    Err(e) if config.transport == TransportChoice::Auto => {
+                        tracing::warn!(error = %e, "no shm listener; same-host peers use tcp");
+                        (None, None)
+                    }
+                    Err(e) => return Err(transport_error("cannot listen for shm data links", e)),
+                }
             }
             _ => (None, None),
         };
@@ -420,7 +427,10 @@ fn transport_config(config: &Config) -> TransportConfig {
         backend: match config.transport {
             TransportChoice::TcpUring => Backend::Uring,
             TransportChoice::TcpEpoll => Backend::Epoll,
-            TransportChoice::Tcp | TransportChoice::Quic | TransportChoice::Shm => Backend::Auto,
+            TransportChoice::Auto
+            | TransportChoice::Tcp
+            | TransportChoice::Quic
+            | TransportChoice::Shm => Backend::Auto,
         },
         connect_timeout: config.init_timeout,
         ..TransportConfig::default()

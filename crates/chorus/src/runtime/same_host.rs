@@ -1,24 +1,27 @@
-//! Same-host data links through shared memory (`CHORUS_TRANSPORT=shm`): which peers get
-//! one, where their listener is, and its accept loop. Peers on other hosts keep TCP, so a
-//! mixed world uses shm within each host and TCP across.
+//! Same-host data links through shared memory (`CHORUS_TRANSPORT` `auto`, the default, or
+//! `shm`): where a peer's listener is, the connect, and the accept loop. Which peers get
+//! one is `carrier.rs`'s decision: peers on other hosts (or in other network namespaces)
+//! keep TCP, so a mixed world uses shm within each host and TCP across.
 //!
 //! The listener's abstract name is derived from the member's certificate fingerprint, which
 //! every peer table already carries, so the wire needs no new field. A peer qualifies when
-//! it advertises `caps::SHM` and `host_identity::is_local` says it runs under this kernel boot and
-//! pid namespace. The network namespace is checked by the connect itself: abstract names
-//! live in one namespace, and the listener is bound before this member's peer-table entry
-//! exists, so a refused connect means "another namespace" and the link falls back to TCP.
+//! it advertises `caps::SHM` and `host_identity::same_network` says it runs under this
+//! kernel boot, pid and network namespace. The connect checks the namespace once more:
+//! abstract names live in one network namespace, and the listener is bound before this
+//! member's peer-table entry exists, so a refused connect means "another namespace" and the
+//! link falls back to TCP.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use chorus_protocol::Envelope;
 use chorus_protocol::message::{PeerInfo, Role};
-use chorus_protocol::{Envelope, caps};
 use chorus_transport::{
     Admission, JobSecret, ShmListener, ShmTransport, TransportConfig, TransportError,
 };
 
 use super::Session;
+use super::carrier::Carriers;
 use super::mailbox::DataLink;
 
 /// How long a same-host connect is retried before the peer is taken to live in another
@@ -47,11 +50,13 @@ pub(crate) async fn listen(
     Ok((shm, listener))
 }
 
-/// Whether the data link to `peer` should go through shared memory.
-pub(crate) fn wanted(session: &Session, peer: &PeerInfo) -> bool {
-    session.shm.is_some()
-        && peer.caps & caps::SHM != 0
-        && super::host_identity::is_local(&session.host, &peer.host)
+/// What `session` serves, for `carrier.rs`'s per-peer choice.
+pub(crate) fn carriers(session: &Session) -> Carriers<'_> {
+    Carriers {
+        shm: session.shm.is_some(),
+        tcp: session.tcp.is_some(),
+        host: &session.host,
+    }
 }
 
 /// The shm data link to `peer`, as `route`.
