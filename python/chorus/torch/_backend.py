@@ -17,78 +17,39 @@ import time
 from datetime import timedelta
 from typing import Callable, List, Optional
 
+from torch._C._distributed_c10d import Backend as _C10dBackend
+
 import torch
 import torch.distributed as dist
 
 import chorus
 
-from . import _link, _ops
+from . import _link, _ops, _shrink, _subgroup
 from ._link import Step, byte_view
 from ._ops import check_list, check_tensor, nbytes, one, same_layout
+from ._rendezvous import _seconds, config_from_env, rendezvous  # noqa: F401  (re-exported)
 from ._work import Completer, Work, _Call, _error
-
-_UID_KEY = "chorus/unique_id"
 
 # Slack on the Python-side deadline, so that with the timeout torch gave at creation the
 # communicator's own op timeout (a Timeout naming the step and the peer) fires first.
 _DEADLINE_SLACK = 1.0
 
 
-def _seconds(timeout: object, default: float) -> float:
-    if timeout is None:
-        return default
-    s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    return default if s <= 0 else s
+class ChorusGroup:
+    """Everything a chorus group does, for the two shapes torch takes it in: a
+    ``ProcessGroup`` (what the backend's creator returns) and a ``Backend`` inside one of
+    torch's own ``ProcessGroup`` objects (what ``dist.shrink_group`` builds around the
+    group :meth:`shrink` returns)."""
 
-
-def _millis(seconds: float) -> str:
-    return f"{max(int(seconds * 1000), 1)}ms"
-
-
-def config_from_env(timeout: float) -> dict:
-    """The communicator's keywords: every ``CHORUS_*`` setting of the environment (so a
-    job tunes heartbeats the usual way), with torch's timeout as the op timeout and, unless
-    ``CHORUS_INIT_TIMEOUT`` says otherwise, as the init timeout."""
-    cfg = {}
-    for key in chorus.CONFIG_KEYS:
-        value = os.environ.get(f"CHORUS_{key.upper()}")
-        if value is not None and value != "":
-            cfg[key] = value
-    cfg["op_timeout"] = _millis(timeout)
-    cfg.setdefault("init_timeout", _millis(timeout))
-    return cfg
-
-
-def rendezvous(store: dist.Store, rank: int, size: int, timeout: float, config: dict) -> object:
-    """A chorus communicator for ``size`` ranks, found through torch's ``store``: rank 0
-    makes a fresh ``UniqueId`` (a new random job secret, its bootstrap root in this
-    process) and publishes its token; the others read it, waiting at most ``timeout``."""
-    if rank == 0:
-        host = os.environ.get("CHORUS_BIND", "127.0.0.1")
-        bind = f"[{host}]:0" if ":" in host else f"{host}:0"
-        uid = chorus.UniqueId.new(size, bind=bind, **config)
-        store.set(_UID_KEY, str(uid))
-    else:
-        try:
-            store.wait([_UID_KEY], timedelta(seconds=timeout))
-        except Exception as e:
-            raise _error(
-                getattr(chorus, "Bootstrap", chorus.Error),
-                f"[chorus:bootstrap] rank {rank}: rank 0 published no chorus id in the store "
-                f"within {timeout:g} s ({e})",
-            ) from e
-        uid = chorus.UniqueId(store.get(_UID_KEY).decode())
-    return chorus.Comm(uid, rank, size, **config)
-
-
-class ProcessGroupChorus(dist.ProcessGroup):
-    """A process group over one chorus communicator (CPU tensors)."""
-
-    def __init__(self, comm: object, timeout: float) -> None:
+    def __init__(self, comm: object, timeout: float, comm_timeout: Optional[float] = None, created_by: str = "rendezvous") -> None:
         super().__init__(int(comm.rank), int(comm.size))
         self._comm = comm
         self._timeout = float(timeout)
-        self._comm_timeout = float(timeout)  # the communicator's own op timeout
+        # The communicator's own op timeout (a split child inherits its parent's).
+        self._comm_timeout = float(timeout if comm_timeout is None else comm_timeout)
+        self._created_by = created_by
+        self._last: Optional[_Call] = None  # the latest submission: later ones finish after it
+        self._ancestor: Optional["ChorusGroup"] = None  # the group this one was shrunk or grown from
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None
         self._aborted = False
@@ -110,8 +71,33 @@ class ProcessGroupChorus(dist.ProcessGroup):
         """The chorus communicator (for ``health()``, ``members()`` and the like)."""
         return self._comm
 
+    @property
+    def created_by(self) -> str:
+        """How this group's communicator was made: ``"rendezvous"`` (through the store),
+        ``"launcher"`` (``chorus run``'s job), ``"split"`` (of the default group's, by
+        ``new_group``), ``"shrink"``, ``"grow"`` or ``"join"``."""
+        return self._created_by
+
+    def usable(self) -> bool:
+        return not (self._aborted or self._closed) and self.errored() is None
+
+    # torch 2.15+ hands new_group to the default group (on every rank of the world).
+    def new_group(self, ranks: List[int], timeout: Optional[timedelta] = None, backend: object = None,
+                  pg_options: object = None, group_name: str = "", group_desc: Optional[str] = None) -> Optional[dist.ProcessGroup]:
+        """A subgroup, split from this group's communicator where that can be done (see
+        ``chorus.torch._subgroup``), else met through the store; None on a non-member."""
+        return _subgroup.new_group(self, list(ranks), timeout, backend or "chorus", pg_options, group_name, group_desc)
+
+    def _drain(self) -> None:
+        """Waits (bounded by its deadline) until everything submitted so far has ended;
+        how it ended is its own ``Work``'s to report."""
+        last = self._last
+        if last is not None:
+            while not last.finish(1.0):
+                pass
+
     def __repr__(self) -> str:
-        return f"ProcessGroupChorus(rank={self.rank()}, size={self.size()})"
+        return f"{type(self).__name__}(rank={self.rank()}, size={self.size()})"
 
     # torch keeps a group's name in its C++ backends, and this group has none: it keeps
     # its own (DeviceMesh, functional collectives and the group registry read it).
@@ -149,6 +135,12 @@ class ProcessGroupChorus(dist.ProcessGroup):
 
     supports_coalescing = True
     supports_splitting = False
+    supports_shrinking = True  # dist.shrink_group (torch 2.10+)
+
+    def shrink(self, ranks_to_exclude: List[int], shrink_flags: int = 0, opts_override: object = None) -> "BackendChorus":
+        """torch's backend shrink hook (``dist.shrink_group``): the survivors' group. The
+        agreed survivors must be everyone but ``ranks_to_exclude``."""
+        return _shrink.backend_shrink(self, ranks_to_exclude, shrink_flags)
 
     def supports_tensor_alloc(self, device: object) -> bool:
         return False
@@ -201,6 +193,10 @@ class ProcessGroupChorus(dist.ProcessGroup):
         finally:
             if completer is not None:
                 completer.stop(5.0)
+            _shrink.release(self)
+            ancestor, self._ancestor = self._ancestor, None
+            if ancestor is not None:  # destroying an older epoch leaves this one be
+                ancestor.shutdown()
 
     def set_timeout(self, timeout: timedelta) -> None:
         """The deadline of operations submitted from now on. Past it, an operation fails
@@ -248,6 +244,8 @@ class ProcessGroupChorus(dist.ProcessGroup):
         call = _Call(self, name, work, outputs, post, deadline)
         if work is None:
             call._end(None)
+        else:
+            self._last = call
         return Work([call])
 
     def _start_coalescing(self, device: object = None) -> None:
@@ -276,6 +274,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
             return Work([call])
         if steps:
             call.work = _link.submit(self._comm, steps, True)
+            self._last = call
         else:
             call._end(None)
         return Work([call])
@@ -604,6 +603,14 @@ class ProcessGroupChorus(dist.ProcessGroup):
         for i, t in enumerate(ts):
             same_layout(t, ref, f"{what}[{i}]", ref_what)
         return ts
+
+
+class ProcessGroupChorus(ChorusGroup, dist.ProcessGroup):
+    """A process group over one chorus communicator (CPU tensors)."""
+
+
+class BackendChorus(ChorusGroup, _C10dBackend):
+    """The same group as a torch ``Backend`` (what torch's shrink hook must return)."""
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -65,9 +65,12 @@ def reduction(op: object) -> Reduction:
     op = getattr(op, "reduceOp", op)
     if not isinstance(op, (ReduceOp, ReduceOp.RedOpType)):
         raise TypeError(f"op: expected a torch.distributed.ReduceOp, got {type(op).__name__}")
-    kind = op.op if isinstance(op, ReduceOp) else op
+    # ReduceOp.SUM and the like are RedOpType values (which pass isinstance(_, ReduceOp));
+    # a ReduceOp object (PREMUL_SUM's, with its factor) holds one in ``.op``.
+    plain = isinstance(op, ReduceOp.RedOpType)
+    kind = op if plain else op.op
     if kind == ReduceOp.RedOpType.PREMUL_SUM:
-        factor = op.__getstate__()[1] if isinstance(op, ReduceOp) else None
+        factor = None if plain else op.__getstate__()[1]
         if isinstance(factor, torch.Tensor):
             if factor.numel() != 1:
                 raise ValueError(

@@ -3,6 +3,8 @@ and bad input. Usage: misc.py RANK TCP_PORT FILE. Every check raises on failure;
 writes what it measured to $OUT/misc.json.
 """
 
+import atexit
+import gc
 import json
 import os
 import sys
@@ -21,6 +23,16 @@ OUT = os.environ["OUT"]
 found = {}
 TOKEN = os.path.join(OUT, "grow-token")
 
+
+def _frozen_at_exit() -> None:
+    # Registered before chorus.torch registers its exit freeze, so it runs after it
+    # (atexit runs last-in first-out): what it sees is what finalization will see.
+    with open(os.path.join(OUT, f"exit-freeze-{sys.argv[1]}"), "w") as f:
+        f.write(str(gc.get_freeze_count()))
+
+
+atexit.register(_frozen_at_exit)
+
 if sys.argv[1] == "join":
     # The newcomer: waits (bounded) for the members' grow token, joins, then takes part.
     deadline = time.monotonic() + 120
@@ -32,7 +44,9 @@ if sys.argv[1] == "join":
     t = torch.full((2,), 10.0)
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((2,), 13.0)), t
-    dist.destroy_process_group()
+    dist.destroy_process_group()  # departs: the members then shrink it away
+    with open(TOKEN + ".left", "w") as f:
+        f.write("left")
     sys.exit(0)
 
 rank, port, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -159,6 +173,20 @@ t = torch.full((2,), float(rank + 1))
 dist.all_reduce(t)
 assert torch.equal(t, torch.full((2,), 13.0)), t
 found["grow"] = 3
+
+# --- torch's own shrink hook: dist.shrink_group drops the newcomer once it has left ------
+deadline = time.monotonic() + 60
+while not os.path.exists(TOKEN + ".left"):
+    assert time.monotonic() < deadline, "the newcomer did not leave within 60 s"
+    time.sleep(0.02)
+expect(RuntimeError, lambda: dist.shrink_group([rank]), "should not call")  # torch's own check
+shrunk = dist.shrink_group([2])
+assert shrunk is dist.group.WORLD and (dist.get_rank(), dist.get_world_size()) == (rank, 2)
+inner = shrunk._get_backend(torch.device("cpu"))
+assert isinstance(inner, chorus.torch.BackendChorus) and inner.created_by == "shrink", inner
+ones_reduced()
+assert shrunk.rank() == rank and inner.errored() is None
+found["shrink_group"] = 2
 
 dist.destroy_process_group()
 if rank == 0:
