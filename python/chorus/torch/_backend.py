@@ -270,7 +270,7 @@ class ChorusGroup:
         call.outputs[:] = outputs
         call.post = (lambda: [p() for p in posts]) if posts else None
         call.deadline = self._deadline()
-        if call.done.is_set():  # aborted during the block
+        if call.ended:  # aborted during the block
             return Work([call])
         if steps:
             call.work = _link.submit(self._comm, steps, True)
