@@ -31,8 +31,8 @@ from torch.distributed import distributed_c10d as _c10d
 
 import chorus
 
-from ._backend import BackendChorus, ChorusGroup, ProcessGroupChorus, config_from_env, rendezvous
-from ._backend import _seconds
+from ._backend import BackendChorus, ChorusGroup, ProcessGroupChorus
+from ._rendezvous import _seconds, config_from_env, rendezvous
 from ._exit import freeze_at_exit
 
 __all__ = ["ProcessGroupChorus", "BackendChorus", "shrink", "grow", "grow_token", "join", "BACKEND"]

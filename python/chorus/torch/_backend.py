@@ -11,23 +11,21 @@ layout and chorus's differ: lists of tensors, uneven all-to-all) and returns a `
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from datetime import timedelta
 from typing import Callable, List, Optional
 
-from torch._C._distributed_c10d import Backend as _C10dBackend
-
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
 
 import chorus
 
 from . import _link, _ops, _shrink, _subgroup
 from ._link import Step, byte_view
 from ._ops import check_list, check_tensor, nbytes, one, same_layout
-from ._rendezvous import _seconds, config_from_env, rendezvous  # noqa: F401  (re-exported)
+from ._rendezvous import _seconds
 from ._work import Completer, Work, _Call, _error
 
 # Slack on the Python-side deadline, so that with the timeout torch gave at creation the
@@ -135,7 +133,8 @@ class ChorusGroup:
 
     supports_coalescing = True
     supports_splitting = False
-    supports_shrinking = True  # dist.shrink_group (torch 2.10+)
+    supports_shrinking = True  # dist.shrink_group
+    supports_reconfigure = False  # why: see _shrink
 
     def shrink(self, ranks_to_exclude: List[int], shrink_flags: int = 0, opts_override: object = None) -> "BackendChorus":
         """torch's backend shrink hook (``dist.shrink_group``): the survivors' group. The

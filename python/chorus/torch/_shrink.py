@@ -1,12 +1,22 @@
 """torch's own shrink hook, ``dist.shrink_group(ranks_to_exclude)``, on a chorus group.
 
-torch (2.10 and later) asks the group's backend for ``supports_shrinking`` and calls its
+torch asks the group's backend for ``supports_shrinking`` and calls its
 ``shrink(ranks_to_exclude, flags, opts)``, which returns a ``Backend``; torch destroys the
 old group and wraps that backend in a new ``ProcessGroup`` of its own (the new default
 group when the default was shrunk). chorus does not take a list of ranks to drop: the
 survivors agree on who is gone (principle 6). So the hook runs chorus's shrink and then
 checks the agreement against torch's list; a difference is an error, and the new
 communicator is aborted rather than used with a layout torch does not expect.
+
+torch 2.15 also has reconfigure hooks (``init_process_group(enable_reconfigure=True)``,
+``Backend.get_reconfigure_handle``/``reconfigure``, ``dist._reconfigure(uuid, handles)``):
+the backend re-forms itself in place over a new set of peers. A Python backend cannot
+carry that out: torch's ``ProcessGroup.rank()``/``size()`` read the C++ ``Backend``'s own
+rank and size fields, which torch exposes no way to set from Python (overriding ``rank()``
+in a Python ``Backend`` is not seen by C++: checked on 2.15), so after a reconfigure to a
+different membership every ``dist.get_rank()``/``get_world_size()`` would be stale. So
+``supports_reconfigure`` stays False; :func:`chorus.torch.shrink`/``grow``/``join`` and
+``dist.shrink_group`` are the ways to change a group's members.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ from typing import List, Optional
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
+from ._rendezvous import _seconds
+
 BACKEND = "chorus"
 
 
@@ -40,8 +42,6 @@ def new_group(
     group_desc: Optional[str],
 ) -> Optional[dist.ProcessGroup]:
     """The new group for this rank, or None where this rank is not a member."""
-    from ._backend import _seconds
-
     seconds = _seconds(timeout, parent.timeout_seconds())
     if splittable(parent, backend, group_name, seconds):
         return split(parent, ranks, seconds, group_name, group_desc)
