@@ -287,8 +287,19 @@ class ChorusGroup:
         return Step(kind, r.tensor, r.tensor, r.red.name, r.red.factor, root)
 
     def allreduce(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
-        ts = check_list(tensors, "tensors")
         red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
+        if type(tensors) is list and len(tensors) == 1 and self._batch is None:
+            # The hot path (every DDP bucket, every dist.all_reduce): the same checks, with
+            # no Step or list built in between.
+            t = tensors[0]
+            r = _ops.reducible(check_tensor(t, "tensors[0]"), red, "tensors[0]")
+            rr = r.red  # bool tensors reduce as bytes, with max or min
+            op = chorus.PreMulSum(rr.factor) if rr.name == "premulsum" else rr.name
+            work = self._comm.all_reduce(r.tensor, op=op, async_op=True)
+            call = _Call(self, "all_reduce", work, tensors, None, self._deadline())
+            self._last = call
+            return Work([call])
+        ts = check_list(tensors, "tensors")
         steps = [self._reduce_steps("all_reduce", t, red, f"tensors[{i}]") for i, t in enumerate(ts)]
         return self._submit("all_reduce", steps, ts, tuple(s.send for s in steps), group=len(steps) > 1)
 
