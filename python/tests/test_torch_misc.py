@@ -1,6 +1,7 @@
-"""chorus.torch: the init methods (tcp://, file://, env://), torchft's watchdog abort,
-timeouts, bad input and grow (a third process joins), on plain processes; and the README's
-DDP example under `chorus run`."""
+"""chorus.torch: the init methods (tcp://, file://, env://), a chorus subgroup of a gloo
+world, torchft's watchdog abort, timeouts, bad input, grow (a third process joins) and
+torch's shrink_group (it leaves), on plain processes, each of which freezes its objects at
+exit; and the README's DDP example under `chorus run`, which must exit promptly."""
 
 import json
 import os

@@ -1,5 +1,5 @@
-"""Two ranks, started as plain processes: the init methods, the watchdog's abort, timeouts
-and bad input. Usage: misc.py RANK TCP_PORT FILE. Every check raises on failure; rank 0
+"""Two ranks, started as plain processes: a chorus subgroup of a gloo world, the init
+methods, the watchdog's abort, timeouts, bad input, grow and shrink_group. Usage: misc.py RANK TCP_PORT FILE. Every check raises on failure; rank 0
 writes what it measured to $OUT/misc.json.
 """
 
@@ -67,6 +67,14 @@ def ones_reduced(group=None):
     dist.all_reduce(t, group=group)
     assert torch.equal(t, torch.full((3,), 3.0)), t
 
+
+# --- a chorus group under a gloo default group: torch's creator path, met in the store ---
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port + 2}", rank=rank, world_size=N,
+                        timeout=timedelta(seconds=30))
+sub = dist.new_group(backend="chorus", timeout=timedelta(seconds=30))
+assert isinstance(sub, chorus.torch.ProcessGroupChorus) and sub.created_by == "rendezvous", sub
+ones_reduced(sub)
+dist.destroy_process_group()
 
 # --- every init method torch has, one after another in the same processes -------------
 for method in (f"tcp://127.0.0.1:{port}", f"file://{path}", "env://"):
