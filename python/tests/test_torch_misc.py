@@ -54,10 +54,11 @@ def test_under_chorus_run(tmp_path):
     out, ended = run_timed(cmd, job_env(tmp_path), "final loss", timeout=120)
     assert "final loss" in out, out
     # Rank 0 prints the loss just before destroy_process_group; what follows is the
-    # teardown and the interpreter's exit (9-14 s on a loaded 2-core machine before the
-    # exit freeze, see chorus/torch/_exit.py; about 4 s there with it, under 1 s quiet).
+    # teardown and the interpreter's exit: 9-14 s at load 14-22 on a 2-core machine before
+    # the exit freeze (chorus/torch/_exit.py), 2.9-4 s with it there (6.1 s at load 24),
+    # about 1 s quiet. The freeze itself is checked exactly by the test above.
     print(f"{__name__}: chorus run ended {ended:.2f} s after the last training step", file=sys.stderr)
-    assert ended < 6.0, f"the job took {ended:.2f} s to exit after training:\n{out}"
+    assert ended < 8.0, f"the job took {ended:.2f} s to exit after training:\n{out}"
 
 
 def run_timed(cmd, env, marker, timeout):
