@@ -22,7 +22,8 @@ from torch._C._distributed_c10d import Backend as _C10dBackend
 
 import chorus
 
-from . import _link, _ops, _shrink, _subgroup
+from . import _link, _ops, _shrink
+from ._hooks import TorchHooks
 from ._link import Step, byte_view
 from ._ops import check_list, check_tensor, nbytes, one, same_layout
 from ._rendezvous import _seconds
@@ -33,7 +34,7 @@ from ._work import Completer, Work, _Call, _error
 _DEADLINE_SLACK = 1.0
 
 
-class ChorusGroup:
+class ChorusGroup(TorchHooks):
     """Everything a chorus group does, for the two shapes torch takes it in: a
     ``ProcessGroup`` (what the backend's creator returns) and a ``Backend`` inside one of
     torch's own ``ProcessGroup`` objects (what ``dist.shrink_group`` builds around the
@@ -56,13 +57,7 @@ class ChorusGroup:
         self._batch_call: Optional[_Call] = None
         self._completer_thread: Optional[Completer] = None
 
-    # --- identity -------------------------------------------------------------------
-
-    def getBackendName(self) -> str:
-        return "chorus"
-
-    def name(self) -> str:
-        return "chorus"
+    # --- identity (the rest, and torch's hooks, are TorchHooks's) ---------------------
 
     @property
     def comm(self) -> object:
@@ -76,16 +71,6 @@ class ChorusGroup:
         ``new_group``), ``"shrink"``, ``"grow"`` or ``"join"``."""
         return self._created_by
 
-    def usable(self) -> bool:
-        return not (self._aborted or self._closed) and self.errored() is None
-
-    # torch 2.15+ hands new_group to the default group (on every rank of the world).
-    def new_group(self, ranks: List[int], timeout: Optional[timedelta] = None, backend: object = None,
-                  pg_options: object = None, group_name: str = "", group_desc: Optional[str] = None) -> Optional[dist.ProcessGroup]:
-        """A subgroup, split from this group's communicator where that can be done (see
-        ``chorus.torch._subgroup``), else met through the store; None on a non-member."""
-        return _subgroup.new_group(self, list(ranks), timeout, backend or "chorus", pg_options, group_name, group_desc)
-
     def _drain(self) -> None:
         """Waits (bounded by its deadline) until everything submitted so far has ended;
         how it ended is its own ``Work``'s to report."""
@@ -96,53 +81,6 @@ class ChorusGroup:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank()}, size={self.size()})"
-
-    # torch keeps a group's name in its C++ backends, and this group has none: it keeps
-    # its own (DeviceMesh, functional collectives and the group registry read it).
-    def _set_group_name(self, name: str) -> None:
-        self._name = name
-
-    setGroupName = _set_group_name
-
-    @property
-    def group_name(self) -> str:
-        name = getattr(self, "_name", None)
-        if name is None:
-            raise RuntimeError("ProcessGroup name not set")
-        return name
-
-    def getGroupName(self) -> str:
-        return self.group_name
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._desc = desc
-
-    setGroupDesc = _set_group_desc
-
-    @property
-    def group_desc(self) -> str:
-        return getattr(self, "_desc", "undefined")
-
-    def getGroupDesc(self) -> str:
-        return self.group_desc
-
-    # torch asks the group for its "backend" in a few places (batch_isend_irecv to learn
-    # that it coalesces, FSDP2 whether it allocates tensors): the group is its own.
-    def _get_backend(self, device: object = None) -> "ProcessGroupChorus":
-        return self
-
-    supports_coalescing = True
-    supports_splitting = False
-    supports_shrinking = True  # dist.shrink_group
-    supports_reconfigure = False  # why: see _shrink
-
-    def shrink(self, ranks_to_exclude: List[int], shrink_flags: int = 0, opts_override: object = None) -> "BackendChorus":
-        """torch's backend shrink hook (``dist.shrink_group``): the survivors' group. The
-        agreed survivors must be everyone but ``ranks_to_exclude``."""
-        return _shrink.backend_shrink(self, ranks_to_exclude, shrink_flags)
-
-    def supports_tensor_alloc(self, device: object) -> bool:
-        return False
 
     # --- health, abort, teardown (torchft's contract) -------------------------------
 

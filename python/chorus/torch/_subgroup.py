@@ -1,7 +1,8 @@
 """``new_group`` on a chorus default group: a ``split`` of its communicator where one can
 be used, else a fresh communicator met through the store, as torch would make it.
 
-torch (2.15 and later) hands ``new_group`` to the default group when that group has a
+torch 2.15 (the version tested; an older torch calls the backend's creator on the
+members only) hands ``new_group`` to the default group when that group has a
 ``new_group`` method, on every rank of the world, members and not. A split then costs one
 all-gather on the parent and links between the members over the parent's session: no new
 bootstrap root, certificate, store round trip or handshake with a root. It needs three
@@ -16,7 +17,9 @@ things:
   with ``set_timeout``), while a longer one cannot be granted.
 
 Anything else gets what torch's own path gives: a communicator per group, through the
-creator hook, met in the store.
+creator hook, met in the store. The choice uses only what every rank sees alike (never a
+rank's own health), so all ranks of the world take the same path; a broken parent makes
+the split fail with the parent's error.
 """
 
 from __future__ import annotations
@@ -55,7 +58,6 @@ def splittable(parent: "object", backend: object, group_name: str, seconds: floa
         and every_rank_calls
         and seconds <= parent._comm_timeout
         and parent is _c10d._get_default_group()
-        and parent.usable()
     )
 
 
