@@ -15,7 +15,8 @@
 # A peer that cannot be installed or built is reported as not measured, with the reason;
 # the others still run. Environment: CHORUS_BENCH_OUT (default bench-out/peer),
 # CHORUS_BENCH_CACHE (default ~/.cache/chorus-bench), CHORUS_BENCH_NO_INSTALL=1 to install
-# nothing (use what is there).
+# nothing (use what is there), CHORUS_BENCH_DDP=1 to also time one DDP training step,
+# chorus against gloo at 2 and 4 ranks (ddp_step.py; $OUT/ddp_step.json and .txt).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -125,4 +126,20 @@ timeout --kill-after=60 "$limit" target/release/peer-run "${args[@]}" "$@"
 status=$?
 set -e
 say "run took $(($(date +%s) - built)) s; report in $OUT/report.md, $OUT/report.json, $OUT/busbw.png"
+
+# --- 5. optional: one DDP training step, chorus against gloo ------------------------------
+if [[ ${CHORUS_BENCH_DDP:-0} == 1 ]]; then
+  if [[ -n $python_missing ]]; then
+    say "DDP step not measured: $python_missing"
+  else
+    say "timing one DDP step, chorus against gloo, 2 and 4 ranks (ddp_step.py)…"
+    rounds=$((quick == 1 ? 3 : 7))
+    if (cd benches/peer && timeout --kill-after=30 1500 "$VENV/bin/python" ddp_step.py -n 2 4 -r "$rounds") \
+      >"$OUT/ddp_step.json" 2>"$OUT/ddp_step.txt"; then
+      cat "$OUT/ddp_step.txt" >&2
+    else
+      say "the DDP step run failed (see $OUT/ddp_step.txt)"
+    fi
+  fi
+fi
 exit "$status"

@@ -2,6 +2,7 @@
 rendezvous)."""
 
 import json
+import sys
 
 import pytest
 
@@ -24,3 +25,9 @@ def test_every_op_matches_gloo(tmp_path):
     torchrun("ops.py", 4, tmp_path, rdzv="c10d", timeout=180)
     checked = set(json.loads((tmp_path / "ops.json").read_text()))
     assert checked == EXPECTED, EXPECTED ^ checked
+    made = json.loads((tmp_path / "new_group.json").read_text())
+    print(
+        f"new_group on 3 of 4 ranks: split {made['split'] * 1e3:.1f} ms, through the store "
+        f"{made['rendezvous'] * 1e3:.1f} ms (members only: {made['local'] * 1e3:.1f} ms)",
+        file=sys.stderr,
+    )

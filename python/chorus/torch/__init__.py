@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Optional
+from typing import Optional, Tuple
+
+import torch
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
@@ -30,10 +32,11 @@ from torch.distributed import distributed_c10d as _c10d
 import chorus
 
 from . import _cuda
-from ._backend import ProcessGroupChorus, config_from_env, rendezvous
-from ._backend import _seconds
+from ._backend import BackendChorus, ChorusGroup, ProcessGroupChorus
+from ._rendezvous import _seconds, config_from_env, rendezvous
+from ._exit import freeze_at_exit
 
-__all__ = ["ProcessGroupChorus", "shrink", "grow", "grow_token", "join", "BACKEND"]
+__all__ = ["ProcessGroupChorus", "BackendChorus", "shrink", "grow", "grow_token", "join", "BACKEND"]
 
 BACKEND = "chorus"
 
@@ -49,11 +52,12 @@ def _create(opts: object, backend_options: object = None) -> ProcessGroupChorus:
     timeout = _seconds(getattr(opts, "timeout", None), _DEFAULT_TIMEOUT)
     rank, size = int(opts.group_rank), int(opts.group_size)
     config = config_from_env(timeout)
+    freeze_at_exit()
     token = _launcher_token(opts, rank, size)
     if token is not None:
         comm = chorus.Comm(chorus.UniqueId(token), rank, size, **config)
-    else:
-        comm = rendezvous(opts.store, rank, size, timeout, config)
+        return ProcessGroupChorus(comm, timeout, created_by="launcher")
+    comm = rendezvous(opts.store, rank, size, timeout, config)
     return ProcessGroupChorus(comm, timeout)
 
 
@@ -88,11 +92,20 @@ def _register() -> None:
 _register()
 
 
-def _group(group: Optional[dist.ProcessGroup]) -> ProcessGroupChorus:
+def _group(group: Optional[dist.ProcessGroup]) -> Tuple[ChorusGroup, dist.ProcessGroup]:
+    """The chorus group behind ``group`` (default: the default group), and the object
+    torch registered: the same, or torch's own ``ProcessGroup`` around a ``BackendChorus``
+    (after ``dist.shrink_group``)."""
     pg = group if group is not None else _c10d._get_default_group()
-    if not isinstance(pg, ProcessGroupChorus):
+    if isinstance(pg, ChorusGroup):
+        return pg, pg
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except Exception:
+        backend = None
+    if not isinstance(backend, ChorusGroup):
         raise TypeError(f"group: expected a chorus process group, got {type(pg).__name__}")
-    return pg
+    return backend, pg
 
 
 def shrink(group: Optional[dist.ProcessGroup] = None) -> ProcessGroupChorus:
@@ -104,16 +117,17 @@ def shrink(group: Optional[dist.ProcessGroup] = None) -> ProcessGroupChorus:
     and collectives without ``group=`` use it); a subgroup's survivors get a new
     registered subgroup. The old group is aborted and stays unusable.
     """
-    old = _group(group)
-    was_default = old is _c10d._get_default_group()
-    new = ProcessGroupChorus(old.comm.shrink(), old.timeout_seconds())
-    _install(new, old, was_default, "shrink")
+    old, registered = _group(group)
+    was_default = registered is _c10d._get_default_group()
+    new = ProcessGroupChorus(old.comm.shrink(), old.timeout_seconds(), old._comm_timeout, created_by="shrink")
+    new._ancestor = old
+    _install(new, registered, was_default, "shrink")
     return new
 
 
 def grow_token(group: Optional[dist.ProcessGroup] = None) -> str:
     """The token newcomers pass to :func:`join` to enter ``group`` at its next :func:`grow`."""
-    return _group(group).comm.grow_token()
+    return _group(group)[0].comm.grow_token()
 
 
 def grow(group: Optional[dist.ProcessGroup] = None, joiners: int = 1) -> ProcessGroupChorus:
@@ -121,12 +135,13 @@ def grow(group: Optional[dist.ProcessGroup] = None, joiners: int = 1) -> Process
     at an epoch boundary: every member calls it; the members keep their ranks and the
     newcomers follow. Returns the new group, which becomes the default group: only the
     default group grows (a newcomer has no other group to be part of)."""
-    old = _group(group)
-    was_default = old is _c10d._get_default_group()
+    old, registered = _group(group)
+    was_default = registered is _c10d._get_default_group()
     if not was_default:
         raise ValueError("grow: only the default group can grow (newcomers join it as their world)")
-    new = ProcessGroupChorus(old.comm.grow(int(joiners)), old.timeout_seconds())
-    _install(new, old, was_default, "grow")
+    new = ProcessGroupChorus(old.comm.grow(int(joiners)), old.timeout_seconds(), old._comm_timeout, created_by="grow")
+    new._ancestor = old
+    _install(new, registered, was_default, "grow")
     return new
 
 
@@ -137,8 +152,9 @@ def join(token: str, timeout: timedelta = timedelta(minutes=30)) -> ProcessGroup
     if dist.is_initialized():
         raise RuntimeError("join: torch.distributed is already initialized in this process")
     seconds = _seconds(timeout, _DEFAULT_TIMEOUT)
+    freeze_at_exit()
     comm = chorus.Comm.join(token, **config_from_env(seconds))
-    new = ProcessGroupChorus(comm, seconds)
+    new = ProcessGroupChorus(comm, seconds, created_by="join")
     _install(new, None, True, "join")
     return new
 
@@ -146,7 +162,7 @@ def join(token: str, timeout: timedelta = timedelta(minutes=30)) -> ProcessGroup
 _generation = 0
 
 
-def _install(new: ProcessGroupChorus, old: Optional[ProcessGroupChorus], default: bool, how: str) -> None:
+def _install(new: ProcessGroupChorus, old: Optional[dist.ProcessGroup], default: bool, how: str) -> None:
     """Registers ``new`` in torch's group tables, as ``init_process_group``/``new_group``
     would have, so every ``torch.distributed`` function accepts it."""
     global _generation
@@ -159,8 +175,6 @@ def _install(new: ProcessGroupChorus, old: Optional[ProcessGroupChorus], default
         ranks = {i: i for i in range(new.size())}
     else:
         # The new group's members by their global ranks: each tells the others its own.
-        import torch
-
         mine = torch.tensor([dist.get_rank()], dtype=torch.int64)
         everyone = torch.empty(new.size(), dtype=torch.int64)
         new.all_gather_single(everyone, mine).wait()
@@ -186,3 +200,27 @@ def _install(new: ProcessGroupChorus, old: Optional[ProcessGroupChorus], default
             update(new)
         else:
             world.default_pg = new
+    if old is not None:
+        _retire(old)
+
+
+def _retire(old: dist.ProcessGroup) -> None:
+    """Takes a superseded group out of torch's tables. torch aborts every group it still
+    knows when it shrinks the default one (``dist.shrink_group``), and aborting a chorus
+    communicator aborts those shrunk or grown from it (principle 4): a stale ancestor left
+    there would take its successors down. The new group keeps it and destroys it after
+    itself (``shutdown``)."""
+    world = _c10d._world
+    name = world.pg_names.pop(old, None)
+    for table in (world.pg_map, world.pg_backend_config, world.pg_group_ranks, world.pg_to_tag,
+                  getattr(world, "pg_coalesce_state", {})):
+        table.pop(old, None)
+    for groups in world.tags_to_pg.values():
+        while old in groups:
+            groups.remove(old)
+    unregister = getattr(_c10d, "_unregister_process_group", None)
+    if name is not None and unregister is not None:
+        try:
+            unregister(name)
+        except Exception:  # not registered under that name (an older torch)
+            pass

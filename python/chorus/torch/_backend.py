@@ -11,7 +11,6 @@ layout and chorus's differ: lists of tensors, uneven all-to-all) and returns a `
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from datetime import timedelta
@@ -19,76 +18,37 @@ from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
 
 import chorus
 
-from . import _link, _ops
+from . import _link, _ops, _shrink
+from ._hooks import TorchHooks
 from ._link import Step, byte_view
 from ._ops import check_list, check_tensor, nbytes, one, same_layout
+from ._rendezvous import _seconds
 from ._work import Completer, Work, _Call, _error
-
-_UID_KEY = "chorus/unique_id"
 
 # Slack on the Python-side deadline, so that with the timeout torch gave at creation the
 # communicator's own op timeout (a Timeout naming the step and the peer) fires first.
 _DEADLINE_SLACK = 1.0
 
 
-def _seconds(timeout: object, default: float) -> float:
-    if timeout is None:
-        return default
-    s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    return default if s <= 0 else s
+class ChorusGroup(TorchHooks):
+    """Everything a chorus group does, for the two shapes torch takes it in: a
+    ``ProcessGroup`` (what the backend's creator returns) and a ``Backend`` inside one of
+    torch's own ``ProcessGroup`` objects (what ``dist.shrink_group`` builds around the
+    group :meth:`shrink` returns)."""
 
-
-def _millis(seconds: float) -> str:
-    return f"{max(int(seconds * 1000), 1)}ms"
-
-
-def config_from_env(timeout: float) -> dict:
-    """The communicator's keywords: every ``CHORUS_*`` setting of the environment (so a
-    job tunes heartbeats the usual way), with torch's timeout as the op timeout and, unless
-    ``CHORUS_INIT_TIMEOUT`` says otherwise, as the init timeout."""
-    cfg = {}
-    for key in chorus.CONFIG_KEYS:
-        value = os.environ.get(f"CHORUS_{key.upper()}")
-        if value is not None and value != "":
-            cfg[key] = value
-    cfg["op_timeout"] = _millis(timeout)
-    cfg.setdefault("init_timeout", _millis(timeout))
-    return cfg
-
-
-def rendezvous(store: dist.Store, rank: int, size: int, timeout: float, config: dict) -> object:
-    """A chorus communicator for ``size`` ranks, found through torch's ``store``: rank 0
-    makes a fresh ``UniqueId`` (a new random job secret, its bootstrap root in this
-    process) and publishes its token; the others read it, waiting at most ``timeout``."""
-    if rank == 0:
-        host = os.environ.get("CHORUS_BIND", "127.0.0.1")
-        bind = f"[{host}]:0" if ":" in host else f"{host}:0"
-        uid = chorus.UniqueId.new(size, bind=bind, **config)
-        store.set(_UID_KEY, str(uid))
-    else:
-        try:
-            store.wait([_UID_KEY], timedelta(seconds=timeout))
-        except Exception as e:
-            raise _error(
-                getattr(chorus, "Bootstrap", chorus.Error),
-                f"[chorus:bootstrap] rank {rank}: rank 0 published no chorus id in the store "
-                f"within {timeout:g} s ({e})",
-            ) from e
-        uid = chorus.UniqueId(store.get(_UID_KEY).decode())
-    return chorus.Comm(uid, rank, size, **config)
-
-
-class ProcessGroupChorus(dist.ProcessGroup):
-    """A process group over one chorus communicator (CPU tensors)."""
-
-    def __init__(self, comm: object, timeout: float) -> None:
+    def __init__(self, comm: object, timeout: float, comm_timeout: Optional[float] = None, created_by: str = "rendezvous") -> None:
         super().__init__(int(comm.rank), int(comm.size))
         self._comm = comm
         self._timeout = float(timeout)
-        self._comm_timeout = float(timeout)  # the communicator's own op timeout
+        # The communicator's own op timeout (a split child inherits its parent's).
+        self._comm_timeout = float(timeout if comm_timeout is None else comm_timeout)
+        self._created_by = created_by
+        self._last: Optional[_Call] = None  # the latest submission: later ones finish after it
+        self._ancestor: Optional["ChorusGroup"] = None  # the group this one was shrunk or grown from
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None
         self._aborted = False
@@ -97,61 +57,30 @@ class ProcessGroupChorus(dist.ProcessGroup):
         self._batch_call: Optional[_Call] = None
         self._completer_thread: Optional[Completer] = None
 
-    # --- identity -------------------------------------------------------------------
-
-    def getBackendName(self) -> str:
-        return "chorus"
-
-    def name(self) -> str:
-        return "chorus"
+    # --- identity (the rest, and torch's hooks, are TorchHooks's) ---------------------
 
     @property
     def comm(self) -> object:
         """The chorus communicator (for ``health()``, ``members()`` and the like)."""
         return self._comm
 
+    @property
+    def created_by(self) -> str:
+        """How this group's communicator was made: ``"rendezvous"`` (through the store),
+        ``"launcher"`` (``chorus run``'s job), ``"split"`` (of the default group's, by
+        ``new_group``), ``"shrink"``, ``"grow"`` or ``"join"``."""
+        return self._created_by
+
+    def _drain(self) -> None:
+        """Waits (bounded by its deadline) until everything submitted so far has ended;
+        how it ended is its own ``Work``'s to report."""
+        last = self._last
+        if last is not None:
+            while not last.finish(1.0):
+                pass
+
     def __repr__(self) -> str:
-        return f"ProcessGroupChorus(rank={self.rank()}, size={self.size()})"
-
-    # torch keeps a group's name in its C++ backends, and this group has none: it keeps
-    # its own (DeviceMesh, functional collectives and the group registry read it).
-    def _set_group_name(self, name: str) -> None:
-        self._name = name
-
-    setGroupName = _set_group_name
-
-    @property
-    def group_name(self) -> str:
-        name = getattr(self, "_name", None)
-        if name is None:
-            raise RuntimeError("ProcessGroup name not set")
-        return name
-
-    def getGroupName(self) -> str:
-        return self.group_name
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._desc = desc
-
-    setGroupDesc = _set_group_desc
-
-    @property
-    def group_desc(self) -> str:
-        return getattr(self, "_desc", "undefined")
-
-    def getGroupDesc(self) -> str:
-        return self.group_desc
-
-    # torch asks the group for its "backend" in a few places (batch_isend_irecv to learn
-    # that it coalesces, FSDP2 whether it allocates tensors): the group is its own.
-    def _get_backend(self, device: object = None) -> "ProcessGroupChorus":
-        return self
-
-    supports_coalescing = True
-    supports_splitting = False
-
-    def supports_tensor_alloc(self, device: object) -> bool:
-        return False
+        return f"{type(self).__name__}(rank={self.rank()}, size={self.size()})"
 
     # --- health, abort, teardown (torchft's contract) -------------------------------
 
@@ -201,6 +130,10 @@ class ProcessGroupChorus(dist.ProcessGroup):
         finally:
             if completer is not None:
                 completer.stop(5.0)
+            _shrink.release(self)
+            ancestor, self._ancestor = self._ancestor, None
+            if ancestor is not None:  # destroying an older epoch leaves this one be
+                ancestor.shutdown()
 
     def set_timeout(self, timeout: timedelta) -> None:
         """The deadline of operations submitted from now on. Past it, an operation fails
@@ -248,6 +181,8 @@ class ProcessGroupChorus(dist.ProcessGroup):
         call = _Call(self, name, work, outputs, post, deadline)
         if work is None:
             call._end(None)
+        else:
+            self._last = call
         return Work([call])
 
     def _start_coalescing(self, device: object = None) -> None:
@@ -272,10 +207,11 @@ class ProcessGroupChorus(dist.ProcessGroup):
         call.outputs[:] = outputs
         call.post = (lambda: [p() for p in posts]) if posts else None
         call.deadline = self._deadline()
-        if call.done.is_set():  # aborted during the block
+        if call.ended:  # aborted during the block
             return Work([call])
         if steps:
             call.work = _link.submit(self._comm, steps, True)
+            self._last = call
         else:
             call._end(None)
         return Work([call])
@@ -289,8 +225,19 @@ class ProcessGroupChorus(dist.ProcessGroup):
         return Step(kind, r.tensor, r.tensor, r.red.name, r.red.factor, root)
 
     def allreduce(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
-        ts = check_list(tensors, "tensors")
         red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
+        if type(tensors) is list and len(tensors) == 1 and self._batch is None:
+            # The hot path (every DDP bucket, every dist.all_reduce): the same checks, with
+            # no Step or list built in between.
+            t = tensors[0]
+            r = _ops.reducible(check_tensor(t, "tensors[0]"), red, "tensors[0]")
+            rr = r.red  # bool tensors reduce as bytes, with max or min
+            op = chorus.PreMulSum(rr.factor) if rr.name == "premulsum" else rr.name
+            work = self._comm.all_reduce(r.tensor, op=op, async_op=True)
+            call = _Call(self, "all_reduce", work, tensors, None, self._deadline())
+            self._last = call
+            return Work([call])
+        ts = check_list(tensors, "tensors")
         steps = [self._reduce_steps("all_reduce", t, red, f"tensors[{i}]") for i, t in enumerate(ts)]
         return self._submit("all_reduce", steps, ts, tuple(s.send for s in steps), group=len(steps) > 1)
 
@@ -326,7 +273,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
     def _gather_list(self, name: str, inp: torch.Tensor, outs: List[torch.Tensor]) -> Work:
         n = self.size()
         block = nbytes(inp)
-        flat = torch.empty(n * block, dtype=torch.uint8)
+        flat = torch.empty(n * block, dtype=torch.uint8, device=inp.device)
         step = Step("all_gather", byte_view(inp), flat)
 
         def post() -> None:
@@ -344,7 +291,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
         for k, inp in enumerate(ins):
             outs = self._per_rank(output_lists[k], inp, f"output_lists[{k}]", f"input_tensors[{k}]")
             block = nbytes(inp)
-            flat = torch.empty(n * block, dtype=torch.uint8)
+            flat = torch.empty(n * block, dtype=torch.uint8, device=inp.device)
             steps.append(Step("all_gather", byte_view(inp), flat))
             keep += [inp, flat, outs]
             outputs += outs
@@ -397,7 +344,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
             raise ValueError("input_tensors: expected one list of tensors (one CPU device)")
         ins = self._per_rank(input_lists[0], out, "input_tensors[0]", "the output")
         red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
-        flat = torch.cat([t.reshape(-1) for t in ins]) if ins else torch.empty(0, dtype=out.dtype)
+        flat = torch.cat([t.reshape(-1) for t in ins]) if ins else torch.empty(0, dtype=out.dtype, device=out.device)
         r_in = _ops.reducible(flat, red, "input_tensors[0]")
         r_out = _ops.reducible(out, red, "output_tensors[0]")
         step = Step("reduce_scatter", r_in.tensor, r_out.tensor, r_in.red.name, r_in.red.factor)
@@ -450,7 +397,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
             if not isinstance(output_lists, (list, tuple)) or len(output_lists) != 1:
                 raise ValueError("output_tensors: expected one list of tensors at the root")
             outs = self._per_rank(output_lists[0], inp, "output_tensors[0]", "the input")
-            flat = torch.empty(n * block, dtype=torch.uint8)
+            flat = torch.empty(n * block, dtype=torch.uint8, device=inp.device)
 
             def post() -> None:
                 for i, o in enumerate(outs):
@@ -487,7 +434,7 @@ class ProcessGroupChorus(dist.ProcessGroup):
             if not isinstance(input_lists, (list, tuple)) or len(input_lists) != 1:
                 raise ValueError("input_tensors: expected one list of tensors at the root")
             ins = self._per_rank(input_lists[0], out, "input_tensors[0]", "the output")
-            flat = torch.cat([byte_view(t) for t in ins]) if ins else torch.empty(0, dtype=torch.uint8)
+            flat = torch.cat([byte_view(t) for t in ins]) if ins else torch.empty(0, dtype=torch.uint8, device=out.device)
             step = Step("scatter", flat, byte_view(out), peer=root)
             return self._submit("scatter", [step], [out], (flat, out))
         if input_lists and any(len(x) for x in input_lists):
@@ -604,6 +551,14 @@ class ProcessGroupChorus(dist.ProcessGroup):
         for i, t in enumerate(ts):
             same_layout(t, ref, f"{what}[{i}]", ref_what)
         return ts
+
+
+class ProcessGroupChorus(ChorusGroup, dist.ProcessGroup):
+    """A process group over one chorus communicator (CPU tensors)."""
+
+
+class BackendChorus(ChorusGroup, _C10dBackend):
+    """The same group as a torch ``Backend`` (what torch's shrink hook must return)."""
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -8,7 +8,7 @@ not have) is an exception at the call, naming the argument, and never reaches a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 from torch.distributed import ReduceOp
@@ -58,6 +58,12 @@ class Reduction:
         return f"premulsum({self.factor})" if self.name == "premulsum" else self.name
 
 
+# One Reduction per plain operator, found by the operator's value (comparing pybind enums
+# one by one cost more than the rest of the call).
+_BY_VALUE = {op.value: Reduction(name) for op, name in _NAMES.items()}
+_RED_OP_TYPE = ReduceOp.RedOpType
+
+
 def reduction(op: object) -> Reduction:
     """The chorus reduction for a torch ``ReduceOp`` (or an options object holding one).
 
@@ -65,11 +71,20 @@ def reduction(op: object) -> Reduction:
     quietly replaced by another (it would return a wrong result).
     """
     op = getattr(op, "reduceOp", op)
-    if not isinstance(op, (ReduceOp, ReduceOp.RedOpType)):
+    # ReduceOp.SUM and the like are RedOpType values (which pass isinstance(_, ReduceOp));
+    # a ReduceOp object (what options hold; PREMUL_SUM's has its factor) holds one in .op.
+    plain = type(op) is _RED_OP_TYPE
+    if plain:
+        kind = op
+    elif type(op) is ReduceOp or isinstance(op, ReduceOp):
+        kind = op.op
+    else:
         raise TypeError(f"op: expected a torch.distributed.ReduceOp, got {type(op).__name__}")
-    kind = op.op if isinstance(op, ReduceOp) else op
+    found = _BY_VALUE.get(kind.value)
+    if found is not None:
+        return found
     if kind == ReduceOp.RedOpType.PREMUL_SUM:
-        factor = op.__getstate__()[1] if isinstance(op, ReduceOp) else None
+        factor = None if plain else op.__getstate__()[1]
         if isinstance(factor, torch.Tensor):
             if factor.numel() != 1:
                 raise ValueError(
@@ -79,9 +94,6 @@ def reduction(op: object) -> Reduction:
         if not isinstance(factor, (int, float)):
             raise ValueError("op: PREMUL_SUM without a factor (make it with _make_nccl_premul_sum)")
         return Reduction("premulsum", float(factor))
-    for known, name in _NAMES.items():
-        if kind == known:
-            return Reduction(name)
     raise ValueError(
         f"op: ReduceOp.{kind.name} is not supported by the chorus backend "
         "(supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM)"
@@ -93,7 +105,7 @@ def check_tensor(t: object, what: str) -> torch.Tensor:
     or a usable CUDA device."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         _cuda.check(t, what)
     if t.layout != torch.strided:
         raise ValueError(f"{what}: expected a dense (strided) tensor, got layout {t.layout}")
@@ -132,8 +144,7 @@ def same_layout(t: torch.Tensor, ref: torch.Tensor, what: str, ref_what: str) ->
         )
 
 
-@dataclass
-class Reducible:
+class Reducible(NamedTuple):
     """A tensor as a reduction sees it: the tensor to hand chorus (a real view of a complex
     tensor, a byte view of a bool one), its chorus dtype name and the reduction to run."""
 
@@ -144,8 +155,9 @@ class Reducible:
 
 def reducible(t: torch.Tensor, red: Reduction, what: str) -> Reducible:
     """How to reduce ``t`` with ``red``, or an error saying why chorus cannot."""
-    if t.dtype in _REDUCIBLE:
-        return Reducible(t, _REDUCIBLE[t.dtype], red)
+    name = _REDUCIBLE.get(t.dtype)
+    if name is not None:
+        return Reducible(t, name, red)
     if t.dtype == torch.bool:
         # torch's bool sum/max is "any", prod/min is "all": max and min of 0/1 bytes.
         as_bytes = t.view(torch.uint8)

@@ -103,7 +103,10 @@ def kill_session(p: subprocess.Popen) -> None:
 class ExitWatch:
     """When a process ends, as the kernel tells it (a pidfd turns readable once the process
     has finished exiting: its memory unmapped, its sockets closed). Started on the pid a job
-    writes to ``pid_file``; ``gone`` is the wall-clock time of the end, or None."""
+    writes to ``pid_file``; ``gone`` is the wall-clock time of the end, or None.
+
+    ``exiting`` is when the kernel began tearing it down (PF_EXITING in /proc/PID/stat,
+    polled every 2 ms): what a same-host observer could see before ``gone``."""
 
     def __init__(self, pid_file: Path, timeout: float) -> None:
         import json
@@ -111,6 +114,19 @@ class ExitWatch:
         import threading
 
         self.gone: Optional[float] = None
+        self.exiting: Optional[float] = None
+        self._stop = threading.Event()
+
+        def exiting(pid: int) -> None:
+            while self.exiting is None and not self._stop.is_set():
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        flags = int(f.read().rsplit(")", 1)[1].split()[6])
+                except (OSError, ValueError, IndexError):
+                    return
+                if flags & 0x4:  # PF_EXITING
+                    self.exiting = time.time()
+                time.sleep(0.002)
 
         def watch() -> None:
             deadline = time.monotonic() + timeout
@@ -122,11 +138,14 @@ class ExitWatch:
                     time.sleep(0.01)
             if fd is None:
                 return
+            pid = json.loads(pid_file.read_text())["pid"]
+            threading.Thread(target=exiting, args=(pid,), daemon=True).start()
             try:
                 ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
                 if ready:
                     self.gone = time.time()
             finally:
+                self._stop.set()
                 os.close(fd)
 
         self.thread = threading.Thread(target=watch, daemon=True)

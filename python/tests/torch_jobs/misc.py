@@ -1,8 +1,10 @@
-"""Two ranks, started as plain processes: the init methods, the watchdog's abort, timeouts
-and bad input. Usage: misc.py RANK TCP_PORT FILE. Every check raises on failure; rank 0
+"""Two ranks, started as plain processes: a chorus subgroup of a gloo world, the init
+methods, the watchdog's abort, timeouts, bad input, grow and shrink_group. Usage: misc.py RANK TCP_PORT FILE. Every check raises on failure; rank 0
 writes what it measured to $OUT/misc.json.
 """
 
+import atexit
+import gc
 import json
 import os
 import sys
@@ -21,6 +23,16 @@ OUT = os.environ["OUT"]
 found = {}
 TOKEN = os.path.join(OUT, "grow-token")
 
+
+def _frozen_at_exit() -> None:
+    # Registered before chorus.torch registers its exit freeze, so it runs after it
+    # (atexit runs last-in first-out): what it sees is what finalization will see.
+    with open(os.path.join(OUT, f"exit-freeze-{sys.argv[1]}"), "w") as f:
+        f.write(str(gc.get_freeze_count()))
+
+
+atexit.register(_frozen_at_exit)
+
 if sys.argv[1] == "join":
     # The newcomer: waits (bounded) for the members' grow token, joins, then takes part.
     deadline = time.monotonic() + 120
@@ -32,7 +44,9 @@ if sys.argv[1] == "join":
     t = torch.full((2,), 10.0)
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((2,), 13.0)), t
-    dist.destroy_process_group()
+    dist.destroy_process_group()  # departs: the members then shrink it away
+    with open(TOKEN + ".left", "w") as f:
+        f.write("left")
     sys.exit(0)
 
 rank, port, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -53,6 +67,14 @@ def ones_reduced(group=None):
     dist.all_reduce(t, group=group)
     assert torch.equal(t, torch.full((3,), 3.0)), t
 
+
+# --- a chorus group under a gloo default group: torch's creator path, met in the store ---
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port + 2}", rank=rank, world_size=N,
+                        timeout=timedelta(seconds=30))
+sub = dist.new_group(backend="chorus", timeout=timedelta(seconds=30))
+assert isinstance(sub, chorus.torch.ProcessGroupChorus) and sub.created_by == "rendezvous", sub
+ones_reduced(sub)
+dist.destroy_process_group()
 
 # --- every init method torch has, one after another in the same processes -------------
 for method in (f"tcp://127.0.0.1:{port}", f"file://{path}", "env://"):
@@ -159,6 +181,20 @@ t = torch.full((2,), float(rank + 1))
 dist.all_reduce(t)
 assert torch.equal(t, torch.full((2,), 13.0)), t
 found["grow"] = 3
+
+# --- torch's own shrink hook: dist.shrink_group drops the newcomer once it has left ------
+deadline = time.monotonic() + 60
+while not os.path.exists(TOKEN + ".left"):
+    assert time.monotonic() < deadline, "the newcomer did not leave within 60 s"
+    time.sleep(0.02)
+expect(RuntimeError, lambda: dist.shrink_group([rank]), "should not call")  # torch's own check
+shrunk = dist.shrink_group([2])
+assert shrunk is dist.group.WORLD and (dist.get_rank(), dist.get_world_size()) == (rank, 2)
+inner = shrunk._get_backend(torch.device("cpu"))
+assert isinstance(inner, chorus.torch.BackendChorus) and inner.created_by == "shrink", inner
+ones_reduced()
+assert shrunk.rank() == rank and inner.errored() is None
+found["shrink_group"] = 2
 
 dist.destroy_process_group()
 if rank == 0:

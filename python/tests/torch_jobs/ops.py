@@ -8,6 +8,7 @@ rank and so the launch. Rank 0 writes the names of the checks run to $OUT/ops.js
 import json
 import os
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -373,24 +374,43 @@ def _():
 @check("new_group")
 def _():
     members = list(range(1, n))
-    sub = dist.new_group(members)
     sub_gloo = dist.new_group(members, backend="gloo")
-    if rank in members:
-        assert isinstance(sub, chorus.torch.ProcessGroupChorus), type(sub)
+    # An async operation still queued on the parent when the split's all-gather starts.
+    pending = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+    made = {}
+    for how, kw in (
+        ("split", {"timeout": timedelta(seconds=60)}),  # the parent's op timeout: split
+        ("rendezvous", {}),  # torch's default 30 min is longer than the parent's: the store
+        ("local", {"use_local_synchronization": True}),  # non-members never call: the store
+    ):
+        dist.barrier()
+        t0 = time.monotonic()
+        made[how] = (dist.new_group(members, **kw), time.monotonic() - t0)
+    pending.wait()
+    if rank == 1:
+        with open(os.path.join(os.environ["OUT"], "new_group.json"), "w") as f:
+            json.dump({how: t for how, (_, t) in made.items()}, f)
+    if rank not in members:
+        for how, (sub, _) in made.items():
+            assert sub is dist.GroupMember.NON_GROUP_MEMBER, (how, sub)
+        return
+    for how, (sub, _) in made.items():
+        assert isinstance(sub, chorus.torch.ProcessGroupChorus), (how, type(sub))
+        assert sub.created_by == ("split" if how == "split" else "rendezvous"), (how, sub.created_by)
         assert sub.comm is not dist.group.WORLD.comm
         a, b = data(50), data(50)
         dist.all_reduce(a, group=sub)
         dist.all_reduce(b, group=sub_gloo)
-        same(a, b, "new_group all_reduce")
-        same(dist.get_rank(sub), rank - 1, "group rank")
+        same(a, b, f"new_group ({how}) all_reduce")
+        same(dist.get_rank(sub), rank - 1, f"group rank ({how})")
         c = torch.zeros(len(members) * 2)
         dist.all_gather_into_tensor(c, data(51, shape=(2,)), group=sub)
         d = torch.zeros(len(members) * 2)
         dist.all_gather_into_tensor(d, data(51, shape=(2,)), group=sub_gloo)
-        same(c, d, "new_group all_gather")
+        same(c, d, f"new_group ({how}) all_gather")
         obj = [None] * len(members)
         dist.all_gather_object(obj, rank, group=sub)
-        same(obj, members, "new_group all_gather_object")
+        same(obj, members, f"new_group ({how}) all_gather_object")
 
 
 @check("unsupported_ops")
