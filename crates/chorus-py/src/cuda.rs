@@ -16,9 +16,9 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use crate::comm::PyComm;
+use crate::done::Done;
 use crate::error;
 use crate::op::{self, Kind, OpTuple, Raw, Spec};
-use crate::done::Done;
 use crate::wait::{self, Slot};
 use crate::work::{self, Work};
 
