@@ -35,7 +35,9 @@ pub use comm::{Blocking, Comm};
 pub use config::{Config, ConfigError, TransportChoice};
 pub use element::Element;
 pub use error::{Error, ErrorKind, Result};
-pub use introspection::{Health, Member, OpPhase, PeerCondition, PeerHealth, RecentOp};
+pub use introspection::{
+    Health, HeartbeatLateness, Member, OpPhase, PeerCondition, PeerHealth, RecentOp,
+};
 pub use launch::{Launch, LaunchError, LaunchSource, RootSpec, SecretSource};
 pub use runtime::root::RootHost;
 pub use unique_id::UniqueId;

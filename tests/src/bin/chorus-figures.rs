@@ -16,6 +16,9 @@
 //! `shrink()` that fails with `no-quorum`, from the cut to that return, and the others'
 //! `shrink()`; heartbeats every tenth of the deadline (default `--deadline 1s`).
 //!
+//! `chorus-figures soak --duration 10m` (also `--soak 10m`) and `chorus-figures attack
+//! --duration 10m` run the loaded soak and the attack for longer (their own module files).
+//!
 //! Build everything first, then run (the rank program is found beside this binary):
 //!
 //! ```sh
@@ -46,7 +49,17 @@ struct Opts {
     bin: PathBuf,
 }
 
+#[path = "chorus-figures/attack.rs"]
+mod attack;
+#[path = "chorus-figures/soak.rs"]
+mod soak;
+
 fn main() {
+    match std::env::args().nth(1).as_deref() {
+        Some("soak" | "--soak") => return soak::main(),
+        Some("attack") => return attack::main(),
+        _ => {}
+    }
     let opts = parse_args();
     if opts.cut {
         cut_figures(&opts);
