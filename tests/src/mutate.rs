@@ -71,7 +71,8 @@ pub enum Expect {
     /// The first frame is cut short and the attacker ends its side: the listener closes
     /// without a frame to refuse (any close, no silence).
     Closed,
-    /// Datagrams that are no QUIC packet: nothing answers.
+    /// Datagrams that are no QUIC connection's: no connection comes of them (nothing
+    /// answers, or QUIC's version negotiation does).
     Silence,
 }
 
