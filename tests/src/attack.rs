@@ -89,6 +89,11 @@ pub fn conforms(port: Port, expect: Expect, outcome: Outcome) -> bool {
         (Expect::Refused(want), Outcome::Refused { code, close }) => {
             code == want.0 && closed_with(close, want)
         }
+        // On QUIC the connection close carries the code (SPEC 6); the `Reject` before it gets
+        // a bounded moment to be acknowledged (50 ms), and a loaded listener may close first.
+        (Expect::Refused(want), Outcome::Closed { close }) => {
+            quic && close == Some(u64::from(want.0))
+        }
         (Expect::AdmittedThenClosed(want), Outcome::AdmittedThenClosed { code, close }) => {
             code == want.0 && closed_with(close, want)
         }
@@ -444,4 +449,43 @@ pub fn listeners(job: &crate::Job, epoch: u64) -> Vec<Listener> {
         target: target(Port::Root, None),
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conformance_is_the_code_and_on_quic_the_same_close_code() {
+        let pv = CloseCode::PROTOCOL_VIOLATION;
+        let refused = |close| Outcome::Refused { code: pv.0, close };
+        let want = Expect::Refused(pv);
+        assert!(conforms(Port::Data, want, refused(None)));
+        assert!(conforms(Port::Control, want, refused(Some(6))));
+        assert!(
+            !conforms(Port::Control, want, refused(Some(0))),
+            "wrong close code"
+        );
+        assert!(!conforms(Port::Control, want, refused(None)), "left open");
+        // The close alone carries the code on QUIC; a TCP end of stream carries none.
+        assert!(conforms(
+            Port::Root,
+            want,
+            Outcome::Closed { close: Some(6) }
+        ));
+        assert!(!conforms(Port::Data, want, Outcome::Closed { close: None }));
+        assert!(!conforms(Port::Data, want, Outcome::Silence));
+        let dup = Expect::AdmittedThenClosed(CloseCode::DUPLICATE_RANK);
+        assert!(conforms(
+            Port::Data,
+            dup,
+            Outcome::AdmittedThenClosed {
+                code: 9,
+                close: None
+            }
+        ));
+        assert!(!conforms(Port::Data, dup, Outcome::Admitted));
+        assert!(conforms(Port::Data, Expect::Closed, Outcome::Reset));
+        assert!(!conforms(Port::Data, Expect::Closed, Outcome::Silence));
+    }
 }

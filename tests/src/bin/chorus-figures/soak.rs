@@ -94,7 +94,15 @@ pub(super) fn main() {
         opts.busy,
         started.elapsed().as_secs_f64()
     );
-    println!("false deaths: {}", false_deaths.len());
+    // A false death is a live rank declared dead (its observers' `MissedDeadline`, or any
+    // other death evidence); the failures it causes on every rank are listed below it.
+    let mut dead: Vec<(u64, u64)> = false_deaths_of(&false_deaths);
+    dead.dedup();
+    println!(
+        "false deaths: {} (ranks declared dead); failed operations: {}",
+        dead.len(),
+        false_deaths.len()
+    );
     for f in &false_deaths {
         println!("- {f}");
     }
@@ -106,6 +114,23 @@ pub(super) fn main() {
     if !false_deaths.is_empty() {
         std::process::exit(1);
     }
+}
+
+/// The (job, rank) of each rank declared dead, from the failure lines (`job J, slot S:
+/// {...}` with `peer-failed` and the peer's rank).
+fn false_deaths_of(lines: &[String]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = lines
+        .iter()
+        .filter_map(|l| {
+            let job = l.strip_prefix("job ")?.split(',').next()?.parse().ok()?;
+            let json = &l[l.find('{')?..];
+            let v: serde_json::Value = serde_json::from_str(json).ok()?;
+            (v.get("kind")?.as_str()? == "peer-failed").then_some(())?;
+            Some((job, v.get("peer")?.as_u64()?))
+        })
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// Busy processes beside the job: each spins on a core until dropped.
