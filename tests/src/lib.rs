@@ -5,7 +5,9 @@
 //!   the calling process, reads their JSON-line reports with deadlines, injects faults
 //!   (signals), and always reaps every process it started, forked grandchildren included.
 //! - [`reap`]: the process-group bookkeeping behind that promise (test 9).
-//! - [`probe`]: clients that send bad input to a job's listening ports.
+//! - [`probe`]: clients that send bad input to a job's listening ports; [`mutate`]: the
+//!   seeded mutation engine of hostile first frames and the spec's answer to each, and
+//!   [`attack`]: the stream of them at a running job (test and figures).
 //! - [`netns`]: a network namespace of the caller's own with an nftables cut, and [`cut`]:
 //!   the run that silences one rank inside it (the partitioned-minority test and figures).
 //! - [`bed`]: hosts as network namespaces on a bridge, one node launcher each, and the
@@ -13,11 +15,13 @@
 //! - [`clock`]: the host-wide monotonic clock the ranks report in.
 //! - [`stats`]: percentiles for the figures.
 
+pub mod attack;
 pub mod bed;
 pub mod clock;
 pub mod cut;
 pub mod event;
 pub mod job;
+pub mod mutate;
 pub mod netns;
 pub mod probe;
 pub mod reap;

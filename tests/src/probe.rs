@@ -304,6 +304,16 @@ pub fn quic(addr: SocketAddr, bytes: QuicBytes) -> Answer {
 
 /// A QUIC connection to `addr` that trusts any certificate.
 async fn trusting_connect(addr: SocketAddr) -> Result<quinn::Connection, String> {
+    trusting_endpoint()?
+        .connect(addr, "chorus")
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A client QUIC endpoint on loopback that trusts any certificate and speaks chorus's
+/// ALPN (call it inside a tokio runtime).
+pub fn trusting_endpoint() -> Result<quinn::Endpoint, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut crypto = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -318,10 +328,7 @@ async fn trusting_connect(addr: SocketAddr) -> Result<quinn::Connection, String>
     let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().map_err(|_| "address")?)
         .map_err(|e| e.to_string())?;
     ep.set_default_client_config(client);
-    ep.connect(addr, "chorus")
-        .map_err(|e| e.to_string())?
-        .await
-        .map_err(|e| e.to_string())
+    Ok(ep)
 }
 
 /// Accepts any server certificate: the probes test what the endpoint does with bytes, not

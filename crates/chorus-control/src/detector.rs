@@ -13,6 +13,7 @@ use std::time::Duration;
 use chorus_protocol::Rank;
 
 use crate::config::Config;
+use crate::lateness::Lateness;
 use crate::overlay::Ring;
 use crate::time::Instant;
 
@@ -22,6 +23,8 @@ struct Watch {
     rank: Rank,
     baseline: Instant,
     suspected: bool,
+    /// When its last heartbeat arrived (for [`Lateness`]).
+    last_beat: Option<Instant>,
 }
 
 /// What the detector found overdue.
@@ -42,6 +45,8 @@ pub(crate) struct Detector {
     next_heartbeat: Instant,
     observers: Vec<Rank>,
     watches: Vec<Watch>,
+    /// How late watched peers' heartbeats arrived, over this member's life.
+    lateness: Lateness,
 }
 
 impl Detector {
@@ -55,6 +60,7 @@ impl Detector {
             next_heartbeat: now,
             observers: Vec::new(),
             watches: Vec::new(),
+            lateness: Lateness::default(),
         }
     }
 
@@ -86,6 +92,7 @@ impl Detector {
                         rank,
                         baseline: now,
                         suspected: false,
+                        last_beat: None,
                     }
                 }
             })
@@ -122,6 +129,24 @@ impl Detector {
             w.baseline = w.baseline.max(now);
             w.suspected = false;
         }
+    }
+
+    /// Records a heartbeat from `rank` (after [`Detector::heard`]): if it is watched, how
+    /// much more than one interval passed since its previous one.
+    pub(crate) fn heartbeat_from(&mut self, rank: Rank, now: Instant) {
+        let Some(w) = self.watches.iter_mut().find(|w| w.rank == rank) else {
+            return;
+        };
+        if let Some(prev) = w.last_beat {
+            let gap = now.saturating_since(prev);
+            self.lateness.record(gap.saturating_sub(self.interval));
+        }
+        w.last_beat = Some(w.last_beat.map_or(now, |p| p.max(now)));
+    }
+
+    /// How late watched peers' heartbeats arrived.
+    pub(crate) fn lateness(&self) -> &Lateness {
+        &self.lateness
     }
 
     /// Credits a stall of this member (it was not running for `stall`) to every watched
@@ -236,6 +261,26 @@ mod tests {
             d.watched().collect::<Vec<_>>(),
             vec![Rank(3)],
             "a dead peer is no longer watched"
+        );
+    }
+
+    #[test]
+    fn heartbeat_lateness_is_the_gap_past_one_interval_from_watched_peers() {
+        let (mut d, _) = detector();
+        let none = BTreeSet::new();
+        d.reset(&Ring::new(4, &none), Rank(1), ms(0));
+        for (rank, at) in [(0, 100), (0, 200), (0, 450), (3, 100), (3, 1300), (2, 900)] {
+            d.heartbeat_from(Rank(rank), ms(at));
+        }
+        // Rank 2 is not watched; each watched peer's first heartbeat starts its count.
+        let l = d.lateness();
+        assert_eq!(l.count(), 3);
+        assert_eq!(l.max(), Duration::from_millis(1100));
+        assert_eq!(l.quantile(0.0), Duration::ZERO, "on time");
+        let mid = l.quantile(0.5);
+        assert!(
+            mid >= Duration::from_millis(150) && mid <= Duration::from_millis(170),
+            "{mid:?}"
         );
     }
 

@@ -37,6 +37,7 @@ use crate::detector::{Detector, Expiry};
 use crate::error::InputError;
 use crate::event::{Agreed, Event, Eviction};
 use crate::input::{Command, Input, Received, Witness};
+use crate::lateness::Lateness;
 use crate::ledger::Ledger;
 use crate::outbox::Outbox;
 use crate::overlay::Ring;
@@ -258,6 +259,12 @@ impl Node {
         self.stats
     }
 
+    /// How late the heartbeats of the peers this member watches arrived (past one
+    /// interval after the previous one), over its life: what the deadline must absorb.
+    pub fn heartbeat_lateness(&self) -> &Lateness {
+        self.detector.lateness()
+    }
+
     /// The ledger of the current epoch.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
@@ -359,6 +366,7 @@ impl Node {
         self.heard(from, now);
         match frame.message {
             Message::Heartbeat(hb) => {
+                self.detector.heartbeat_from(from, now);
                 self.on_heartbeat(from, hb, now);
                 Ok(())
             }

@@ -194,6 +194,43 @@ async fn the_control_channel_carries_messages_and_closes_with_codes() {
     );
 }
 
+/// A connection dropped without a close — a connect whose caller gave up (the connect
+/// completes on the progress thread anyway), a control channel let go — must not read as
+/// a departure on the peer, which may have admitted it already: quinn's implicit close
+/// carries code 0, chorus's `normal`. It ends with `deadline`, a live peer's refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_unclosed_is_not_a_departure() {
+    let secret = fresh::job_secret();
+    let (a, b) = (member(1, &secret), member(0, &secret));
+    let addr = b.ep.local_addr().unwrap();
+    let gone = |r: &Result<Frame, LinkError>| matches!(r, Err(LinkError::PeerDeparted { code, .. }) if code.is_departure());
+    // Dropped before it became a channel.
+    let (c, s) = tokio::join!(
+        a.ep.connect(addr, b.id.fingerprint(), Role::Member, route(1), Rank(0)),
+        b.ep.accept(WAIT)
+    );
+    drop(c.unwrap());
+    let y = s.unwrap().into_control();
+    let r = tokio::time::timeout(WAIT, y.recv()).await.unwrap();
+    assert!(
+        !gone(&r),
+        "an unused connection's drop read as a departure: {r:?}"
+    );
+    assert!(
+        matches!(&r, Err(LinkError::PeerDeparted { code, .. }) if *code == CloseCode::DEADLINE),
+        "{r:?}"
+    );
+    // Dropped as a channel, without a close.
+    let (c, s) = tokio::join!(
+        a.ep.connect(addr, b.id.fingerprint(), Role::Member, route(1), Rank(0)),
+        b.ep.accept(WAIT)
+    );
+    let (x, y) = (c.unwrap().into_control(), s.unwrap().into_control());
+    drop(x);
+    let r = tokio::time::timeout(WAIT, y.recv()).await.unwrap();
+    assert!(!gone(&r), "a dropped channel read as a departure: {r:?}");
+}
+
 /// Seed 000 over QUIC: a forked child holds the UDP socket; the cancel's CONNECTION_CLOSE
 /// reaches the peer anyway (UDP has no "last close" to wait for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

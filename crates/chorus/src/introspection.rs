@@ -61,6 +61,35 @@ pub struct Health {
     pub peers: Vec<PeerHealth>,
     /// The first failure recorded on this communicator, if any.
     pub async_error: Option<Error>,
+    /// How late the watched peers' heartbeats arrived.
+    pub heartbeat_lateness: HeartbeatLateness,
+}
+
+/// How late the heartbeats of the peers this member watches arrived: for each, the time
+/// past one heartbeat interval since the previous one, over the member's life. What the
+/// heartbeat deadline has to absorb before a live peer would be declared dead.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeartbeatLateness {
+    /// Heartbeats measured.
+    pub count: u64,
+    /// The median lateness (to the histogram's 1/8 resolution).
+    pub p50: Duration,
+    /// The 99th percentile (same resolution).
+    pub p99: Duration,
+    /// The largest, exactly.
+    pub max: Duration,
+}
+
+impl From<&chorus_control::Lateness> for HeartbeatLateness {
+    fn from(l: &chorus_control::Lateness) -> Self {
+        HeartbeatLateness {
+            count: l.count(),
+            p50: l.quantile(0.5),
+            p99: l.quantile(0.99),
+            max: l.max(),
+        }
+    }
 }
 
 /// One member as another sees it.

@@ -48,7 +48,9 @@ pub use comm::{Blocking, Comm};
 pub use config::{Config, ConfigError, TransportChoice};
 pub use element::Element;
 pub use error::{Error, ErrorKind, Result};
-pub use introspection::{Health, Member, OpPhase, PeerCondition, PeerHealth, RecentOp};
+pub use introspection::{
+    Health, HeartbeatLateness, Member, OpPhase, PeerCondition, PeerHealth, RecentOp,
+};
 pub use launch::{Launch, LaunchError, LaunchSource, RootSpec, SecretSource};
 pub use runtime::root::RootHost;
 pub use runtime::root_link::RootLink;

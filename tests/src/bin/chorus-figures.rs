@@ -18,6 +18,8 @@
 //!
 //! `chorus-figures hosts` measures detection across network-namespace hosts instead
 //! (`figures/hosts.rs`).
+//! `chorus-figures soak --duration 10m` (also `--soak 10m`) and `chorus-figures attack
+//! --duration 10m` run the loaded soak and the attack for longer (their own module files).
 //!
 //! Build everything first, then run (the rank program is found beside this binary):
 //!
@@ -52,10 +54,17 @@ struct Opts {
     bin: PathBuf,
 }
 
+#[path = "chorus-figures/attack.rs"]
+mod attack;
+#[path = "chorus-figures/soak.rs"]
+mod soak;
+
 fn main() {
-    if std::env::args().nth(1).as_deref() == Some("hosts") {
-        hosts::main(std::env::args().skip(2).collect());
-        return;
+    match std::env::args().nth(1).as_deref() {
+        Some("hosts") => return hosts::main(std::env::args().skip(2).collect()),
+        Some("soak" | "--soak") => return soak::main(),
+        Some("attack") => return attack::main(),
+        _ => {}
     }
     let opts = parse_args();
     if opts.cut {

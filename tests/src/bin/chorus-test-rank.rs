@@ -294,9 +294,13 @@ impl Rank {
                         .iter()
                         .map(|p| format!("{:?}", p.state))
                         .collect();
+                    let late = comm.health().heartbeat_lateness;
+                    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
                     emit(json!({"ev": "finished", "epoch": comm.epoch(),
                         "rank": comm.rank(), "world": comm.size(), "iters": iter + 1,
-                        "peers_alive": alive, "states": states}));
+                        "peers_alive": alive, "states": states,
+                        "hb_count": late.count, "hb_late_p50_ms": ms(late.p50),
+                        "hb_late_p99_ms": ms(late.p99), "hb_late_max_ms": ms(late.max)}));
                     self.finish = false;
                     return Ended::Finished;
                 }

@@ -215,6 +215,15 @@ impl ControlChannel {
     }
 }
 
+/// A channel dropped without a close (its last handle gone) ends with a code of ours,
+/// not quinn's implicit 0, which the peer would read as a graceful departure (see
+/// `unclaimed.rs`).
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.close_now(super::unclaimed::ABANDONED, "control channel dropped");
+    }
+}
+
 impl Shared {
     fn close_now(&self, code: CloseCode, detail: &str) {
         // Datagrams built before the close; the next one carries the CONNECTION_CLOSE.

@@ -12,6 +12,7 @@
 mod control;
 mod link;
 mod pin;
+mod unclaimed;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,6 +43,7 @@ use crate::identity::{Fingerprint, Identity, SERVER_NAME};
 use crate::matcher::Matcher;
 use crate::outbound::Outbound;
 use crate::progress_thread::ProgressThread;
+use unclaimed::Unclaimed;
 
 /// ALPN of chorus over QUIC.
 const ALPN: &[u8] = b"chorus/1";
@@ -180,7 +182,7 @@ impl QuicEndpoint {
                 };
                 match result {
                     Ok((send, recv, greeted)) => Ok(QuicConnection {
-                        conn,
+                        conn: Unclaimed::new(conn),
                         send,
                         recv,
                         greeted,
@@ -337,7 +339,7 @@ async fn greet(
     config.limits = inner.cfg.limits();
     match handshake::accept(&mut recv, &mut send, addr, config, admission).await {
         Ok(greeted) => Some(QuicConnection {
-            conn,
+            conn: Unclaimed::new(conn),
             send,
             recv,
             greeted,
@@ -373,7 +375,8 @@ fn code_of(code: CloseCode) -> VarInt {
 /// handshake established.
 #[derive(Debug)]
 pub struct QuicConnection {
-    conn: quinn::Connection,
+    /// Closed with `deadline`, not quinn's implicit `normal`, if dropped unused.
+    conn: Unclaimed,
     send: SendStream,
     recv: RecvStream,
     greeted: Greeted,
@@ -398,14 +401,14 @@ impl QuicConnection {
         self.greeted.me.sender
     }
     pub fn remote_addr(&self) -> SocketAddr {
-        self.conn.remote_address()
+        self.conn.get().remote_address()
     }
 
     /// The data link over a `Role::Data` connection's stream.
     pub fn into_link(self) -> Result<QuicLink, TransportError> {
         let role = self.role();
         if role != Role::Data {
-            self.conn.close(
+            self.conn.get().close(
                 code_of(CloseCode::INTERNAL),
                 b"connection opened for another role",
             );
@@ -426,7 +429,7 @@ impl QuicConnection {
         let outbound = Arc::new(Mutex::new(Outbound::new(encoder, me)));
         Ok(link::start(
             self.endpoint.inner.progress.handle(),
-            self.conn,
+            self.conn.claim(),
             self.send,
             self.recv,
             decoder,
@@ -451,7 +454,7 @@ impl QuicConnection {
         } = self.greeted;
         control::ControlChannel::new(
             self.endpoint.inner.clone(),
-            self.conn,
+            self.conn.claim(),
             self.send,
             self.recv,
             encoder,

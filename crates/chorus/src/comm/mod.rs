@@ -180,6 +180,7 @@ impl Comm {
                 .map(PeerHealth::from)
                 .collect(),
             async_error: self.async_error(),
+            heartbeat_lateness: self.inner.lineage.published().heartbeat_lateness(),
         }
     }
 

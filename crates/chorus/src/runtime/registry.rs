@@ -9,7 +9,8 @@
 //! At most one data link per `(comm, epoch, peer)` (SPEC 19): while one is parked or held
 //! and has not failed, another claiming the same peer (a replayed `Hello` on TCP, which is
 //! not bound to its connection, or a confused peer) is closed with `duplicate-rank`, and
-//! the live link keeps working. So is a link claiming this member's own rank.
+//! the live link keeps working. So is a link claiming this member's own rank, or a rank
+//! above it (this member dials those itself).
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap};
@@ -156,6 +157,20 @@ impl Registry {
             refuse(&link, format!("{peer} is this member's own rank"));
             return;
         }
+        // The lower rank of a pair dials the higher (`links.rs`): this member's link to a
+        // rank above it is one it opened, so a link arriving from such a rank (a replayed
+        // `Hello`, or one claiming a rank past the world) would be a second one. Parked, it
+        // would sit unclaimed holding a connection; it is refused like any duplicate.
+        if let Some(own) = own
+            && peer > own
+        {
+            drop(inner);
+            refuse(
+                &link,
+                format!("{peer} is above this member's {own}: this member dials it"),
+            );
+            return;
+        }
         if inner.taken(&key) {
             drop(inner);
             tracing::warn!(%comm, %epoch, %peer, "a second data link for a live one; refusing it");
@@ -249,8 +264,9 @@ mod tests {
 
     const COMM: CommId = CommId(9);
     const EPOCH: Epoch = Epoch(0);
-    const ME: Rank = Rank(0);
-    const PEER: Rank = Rank(1);
+    // Inbound links come from lower ranks (the lower rank of a pair dials).
+    const ME: Rank = Rank(1);
+    const PEER: Rank = Rank(0);
 
     fn registry() -> Registry {
         let r = Registry::default();
@@ -371,6 +387,21 @@ mod tests {
         let (mine, mine_sender) = inbound(ME);
         r.deliver(COMM, EPOCH, ME, mine);
         assert!(refused(&mine_sender));
+    }
+
+    #[test]
+    fn a_link_claiming_a_rank_above_this_member_is_refused_not_parked() {
+        let r = registry();
+        for above in [Rank(2), Rank(7), Rank(u32::MAX - 1)] {
+            let (link, sender) = inbound(above);
+            r.deliver(COMM, EPOCH, above, link);
+            assert!(refused(&sender), "{above}");
+            assert!(r.lock().parked.is_empty(), "{above} was parked");
+        }
+        // A link from below is still taken.
+        let (live, live_sender) = inbound(PEER);
+        r.deliver(COMM, EPOCH, PEER, live);
+        assert!(works(&claimed(&r), &live_sender, 1));
     }
 
     #[test]

@@ -269,17 +269,23 @@ fn bind(
         |what: &str, e: TransportError| Error::new(ErrorKind::Transport, format!("{what}: {e}"));
     let identity = Identity::generate().map_err(|e| transport("root certificate", e))?;
     // Only bootstrap streams of this communicator at epoch 0, and status clients of it, are
-    // admitted.
-    let admission: Admission = Arc::new(move |c, epoch, role| {
-        let bootstrap = epoch == Epoch(0) && role == Role::Bootstrap;
-        if c == comm && (bootstrap || role == Role::Status) {
-            Ok(Rank::NONE)
-        } else {
-            Err((
-                CloseCode::UNKNOWN_COMM,
-                format!("this root bootstraps {comm} only"),
-            ))
-        }
+    // admitted. Another role is one this endpoint does not serve (SPEC 5.2:
+    // `protocol-violation`); another communicator, or a later epoch, is not served here.
+    let admission: Admission = Arc::new(move |c, epoch, role| match role {
+        _ if c != comm => Err((
+            CloseCode::UNKNOWN_COMM,
+            format!("this root bootstraps {comm} only"),
+        )),
+        Role::Status => Ok(Rank::NONE),
+        Role::Bootstrap if epoch == Epoch(0) => Ok(Rank::NONE),
+        Role::Bootstrap => Err((
+            CloseCode::UNKNOWN_COMM,
+            format!("this root bootstraps {comm} at epoch 0 only"),
+        )),
+        other => Err((
+            CloseCode::PROTOCOL_VIOLATION,
+            format!("a bootstrap root does not serve {other:?} streams"),
+        )),
     });
     let liveness = Liveness {
         heartbeat_interval: config.heartbeat_interval,

@@ -1,5 +1,5 @@
 //! What a lineage's task publishes for the application to read without asking it: the
-//! health ledger, the first failure, and the newest epoch built.
+//! health ledger, the heartbeat lateness, the first failure, and the newest epoch built.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,11 +9,13 @@ use chorus_protocol::message::PeerStatus;
 use parking_lot::Mutex;
 
 use crate::error::Error;
+use crate::introspection::HeartbeatLateness;
 
 /// What the application reads without asking the task.
 #[derive(Default)]
 pub(crate) struct Published {
     health: Mutex<Vec<PeerStatus>>,
+    lateness: Mutex<HeartbeatLateness>,
     /// The first failure recorded (one-way: set once, never cleared).
     async_error: OnceLock<Error>,
     /// The newest epoch a communicator of this lineage was built for.
@@ -27,6 +29,14 @@ impl Published {
 
     pub(super) fn set_health(&self, health: Vec<PeerStatus>) {
         *self.health.lock() = health;
+    }
+
+    pub(crate) fn heartbeat_lateness(&self) -> HeartbeatLateness {
+        *self.lateness.lock()
+    }
+
+    pub(super) fn set_heartbeat_lateness(&self, lateness: HeartbeatLateness) {
+        *self.lateness.lock() = lateness;
     }
 
     pub(crate) fn async_error(&self) -> Option<Error> {

@@ -424,6 +424,10 @@ impl LineageTask {
     fn publish_health(&self) {
         self.published
             .set_health(self.policy.health(self.session.clock.now()));
+        let lateness = self.policy.node().heartbeat_lateness();
+        if lateness.count() != self.published.heartbeat_lateness().count {
+            self.published.set_heartbeat_lateness(lateness.into());
+        }
     }
 
     /// Watches every same-host peer of `epoch`'s table by process id (the fastest death
