@@ -41,12 +41,7 @@ const RSS_GROWTH_LIMIT_KIB: u64 = 32 * 1024;
 fn a_job_under_a_stream_of_mutated_frames_answers_each_by_the_spec_and_runs_on() {
     let mut job = Job::start(
         bin(),
-        // The job's data links on TCP, so the data port under attack is the one its links
-        // use (on one host the default would carry them over shared memory). Under that
-        // default, 2 of 18 valid-secret Hellos for a live rank were once parked instead of
-        // refused with duplicate-rank: open, see the transport's registry.
         JobSpec::new(4)
-            .env("CHORUS_TRANSPORT", "tcp")
             .env("CT_START", "loop")
             .env("CT_ON_FAIL", "idle"),
     );
