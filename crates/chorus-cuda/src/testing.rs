@@ -19,6 +19,7 @@ use crate::error::CudaError;
 use crate::gpu::Gpu;
 use crate::link::{DeviceLink, LinkConfig};
 use crate::local::connect_all;
+use crate::memory::{GpuBuffer, GpuMem};
 
 /// The engine on a GPU: what the tests and the benchmark drive.
 pub type GpuEngine = Engine<CudaDevice, DeviceLink>;
@@ -239,5 +240,28 @@ impl Drop for Stall {
             // The kernel may still read its words.
             std::mem::forget(self.words.take());
         }
+    }
+}
+
+/// Bound on each of [`OnGpu`]'s copies.
+const COPY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How the engine's shared collective matrix stages its bytes on a GPU: uploads the
+/// inputs, downloads the outputs, each copy bounded.
+pub struct OnGpu;
+
+impl chorus_engine::testkit::Rig for OnGpu {
+    type Device = CudaDevice;
+    fn load(&self, dev: &CudaDevice, data: &[u8]) -> GpuBuffer {
+        let mut b = dev
+            .buffer(data.len())
+            .expect("allocate a matrix input on the GPU");
+        dev.upload(&mut b, 0, data, COPY_TIMEOUT)
+            .expect("upload a matrix input");
+        b
+    }
+    fn read(&self, dev: &CudaDevice, mem: &GpuMem) -> Vec<u8> {
+        dev.download(mem, 0, mem.len(), COPY_TIMEOUT)
+            .expect("download a matrix output")
     }
 }

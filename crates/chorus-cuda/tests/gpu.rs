@@ -14,8 +14,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use chorus_cuda::testing::{GpuEngine, Stall, World, block_on, gpu_or_skip};
-use chorus_cuda::{CudaDevice, CudaError, DeviceLink, GpuBuffer, GpuMem, LinkConfig, reference};
+use chorus_cuda::testing::{GpuEngine, OnGpu, Stall, World, block_on, gpu_or_skip};
+use chorus_cuda::{CudaDevice, CudaError, DeviceLink, LinkConfig, reference};
 use chorus_engine::link::{CancelReason, Link};
 use chorus_engine::testkit::{
     Case, Rig, check, every_case, input, large_cases, matrix_configs, ring_exchange, sweep,
@@ -29,21 +29,6 @@ use half::{bf16, f16};
 const T: Duration = Duration::from_secs(20);
 /// Bound on one world's run of the matrix.
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// How the matrix stages bytes on a GPU.
-struct OnGpu;
-
-impl Rig for OnGpu {
-    type Device = CudaDevice;
-    fn load(&self, dev: &CudaDevice, data: &[u8]) -> GpuBuffer {
-        let mut b = dev.buffer(data.len()).unwrap();
-        dev.upload(&mut b, 0, data, T).unwrap();
-        b
-    }
-    fn read(&self, dev: &CudaDevice, mem: &GpuMem) -> Vec<u8> {
-        dev.download(mem, 0, mem.len(), T).unwrap()
-    }
-}
 
 fn small_links() -> LinkConfig {
     // Small slots and only two, so payloads wrap around the slots many times.

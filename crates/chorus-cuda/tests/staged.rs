@@ -14,11 +14,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use chorus_cuda::testing::{block_on, gpu_or_skip};
-use chorus_cuda::{CudaDevice, GpuBuffer, GpuMem, StagedConfig, StagedLink};
+use chorus_cuda::testing::{OnGpu, block_on, gpu_or_skip};
+use chorus_cuda::{CudaDevice, StagedConfig, StagedLink};
 use chorus_engine::link::{CancelReason, Link};
 use chorus_engine::local::mesh;
-use chorus_engine::testkit::{Rig, every_case, large_cases, matrix_configs, sweep};
+use chorus_engine::testkit::{every_case, large_cases, matrix_configs, sweep};
 use chorus_engine::{
     AbortReason, Buffer, Context, Engine, EngineConfig, HeldLimit, LocalLink, Reduction,
 };
@@ -28,20 +28,6 @@ const T: Duration = Duration::from_secs(20);
 const LIMIT: Duration = Duration::from_secs(90);
 
 type Staged = Engine<CudaDevice, StagedLink>;
-
-struct OnGpu;
-
-impl Rig for OnGpu {
-    type Device = CudaDevice;
-    fn load(&self, dev: &CudaDevice, data: &[u8]) -> GpuBuffer {
-        let mut b = dev.buffer(data.len()).unwrap();
-        dev.upload(&mut b, 0, data, T).unwrap();
-        b
-    }
-    fn read(&self, dev: &CudaDevice, mem: &GpuMem) -> Vec<u8> {
-        dev.download(mem, 0, mem.len(), T).unwrap()
-    }
-}
 
 /// Parts of 4 KiB, two slots: a 256 KiB engine chunk crosses in 64 parts.
 fn small() -> StagedConfig {

@@ -10,15 +10,15 @@
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
+use chorus::Op;
 use chorus::cuda::{CudaComm, GpuMem, Stream};
-use chorus::{Buffer, Op, Rank};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use crate::comm::PyComm;
 use crate::done::Done;
 use crate::error;
-use crate::op::{self, Kind, OpTuple, Raw, Spec};
+use crate::op::{self, OpTuple, Raw, Spec};
 use crate::wait::{self, Slot};
 use crate::work::{self, Work};
 
@@ -215,76 +215,6 @@ unsafe fn regions(s: &Spec) -> [GpuMem; 2] {
 
 /// The operation over `mems` (`[send, recv]`); in place when both name the same memory.
 fn device_op<'a>(s: &Spec, mems: &'a mut [GpuMem; 2]) -> Op<'a, GpuMem> {
-    let in_place = s.send.is_some() && s.send == s.recv;
     let [send, recv] = mems;
-    let buf = |send: &'a GpuMem, recv: &'a mut GpuMem| {
-        if in_place {
-            Buffer::InPlace(recv)
-        } else {
-            Buffer::separate(send, recv)
-        }
-    };
-    let (count, dtype, reduction, root) = (s.count, s.dtype, s.reduction, Rank(s.peer));
-    match s.kind {
-        Kind::AllReduce => Op::AllReduce {
-            buf: buf(send, recv),
-            count,
-            dtype,
-            reduction,
-        },
-        Kind::Reduce => Op::Reduce {
-            buf: buf(send, recv),
-            count,
-            dtype,
-            reduction,
-            root,
-        },
-        Kind::Broadcast => Op::Broadcast {
-            buf: buf(send, recv),
-            count,
-            dtype,
-            root,
-        },
-        Kind::AllGather => Op::AllGather {
-            buf: buf(send, recv),
-            count,
-            dtype,
-        },
-        Kind::ReduceScatter => Op::ReduceScatter {
-            buf: buf(send, recv),
-            count,
-            dtype,
-            reduction,
-        },
-        Kind::AllToAll => Op::AllToAll {
-            buf: buf(send, recv),
-            count,
-            dtype,
-        },
-        Kind::Gather => Op::Gather {
-            buf: buf(send, recv),
-            count,
-            dtype,
-            root,
-        },
-        Kind::Scatter => Op::Scatter {
-            buf: buf(send, recv),
-            count,
-            dtype,
-            root,
-        },
-        Kind::Send => Op::Send {
-            buf: send,
-            count,
-            dtype,
-            peer: root,
-        },
-        Kind::Recv => Op::Recv {
-            buf: recv,
-            count,
-            dtype,
-            peer: root,
-        },
-        Kind::Barrier => Op::Barrier,
-    }
+    s.build(send, recv)
 }

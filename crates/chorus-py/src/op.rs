@@ -169,78 +169,91 @@ impl Spec {
     /// holds the Python objects that own the memory until the operation has finished;
     /// [`parse`] has checked that no written range overlaps another.
     pub(crate) unsafe fn op(&self) -> Op<'_, [u8]> {
-        let in_place = self.send.is_some() && self.send == self.recv;
         // SAFETY: the caller upholds this function's contract for both ranges; in place,
         // only the exclusive view of the one range is made.
         let (send, recv) = unsafe {
             (
-                self.send.filter(|_| !in_place).map(|r| shared(r)),
+                self.send.filter(|_| !self.in_place()).map(|r| shared(r)),
                 self.recv.map(|r| exclusive(r)),
             )
         };
-        let mut recv = recv;
-        let mut buf = || match (in_place, send, recv.take()) {
-            (true, _, Some(r)) => Buffer::in_place(r),
-            (_, s, r) => Buffer::separate(s.unwrap_or(&[]), r.unwrap_or(&mut [])),
+        self.build(send.unwrap_or(&[]), recv.unwrap_or(&mut []))
+    }
+
+    /// Whether the spec names one range as both input and output.
+    pub(crate) fn in_place(&self) -> bool {
+        self.send.is_some() && self.send == self.recv
+    }
+
+    /// The operation over `send` and `recv`, whatever memory they are (empty where the spec
+    /// has none); in place (only `recv` used) when [`Spec::in_place`].
+    pub(crate) fn build<'a, M: ?Sized>(&self, send: &'a M, recv: &'a mut M) -> Op<'a, M> {
+        let in_place = self.in_place();
+        let buf = |send: &'a M, recv: &'a mut M| {
+            if in_place {
+                Buffer::in_place(recv)
+            } else {
+                Buffer::separate(send, recv)
+            }
         };
         let (count, dtype, reduction, root) =
             (self.count, self.dtype, self.reduction, Rank(self.peer));
         match self.kind {
             Kind::AllReduce => Op::AllReduce {
-                buf: buf(),
+                buf: buf(send, recv),
                 count,
                 dtype,
                 reduction,
             },
             Kind::Reduce => Op::Reduce {
-                buf: buf(),
+                buf: buf(send, recv),
                 count,
                 dtype,
                 reduction,
                 root,
             },
             Kind::Broadcast => Op::Broadcast {
-                buf: buf(),
+                buf: buf(send, recv),
                 count,
                 dtype,
                 root,
             },
             Kind::AllGather => Op::AllGather {
-                buf: buf(),
+                buf: buf(send, recv),
                 count,
                 dtype,
             },
             Kind::ReduceScatter => Op::ReduceScatter {
-                buf: buf(),
+                buf: buf(send, recv),
                 count,
                 dtype,
                 reduction,
             },
             Kind::AllToAll => Op::AllToAll {
-                buf: buf(),
+                buf: buf(send, recv),
                 count,
                 dtype,
             },
             Kind::Gather => Op::Gather {
-                buf: buf(),
+                buf: buf(send, recv),
                 count,
                 dtype,
                 root,
             },
             Kind::Scatter => Op::Scatter {
-                buf: buf(),
+                buf: buf(send, recv),
                 count,
                 dtype,
                 root,
             },
             Kind::Send => Op::Send {
-                buf: send.unwrap_or(&[]),
+                buf: send,
                 count,
                 dtype,
                 peer: root,
             },
             Kind::Recv => Op::Recv {
-                buf: recv.take().unwrap_or(&mut []),
+                buf: recv,
                 count,
                 dtype,
                 peer: root,
