@@ -70,7 +70,11 @@ pub struct TransportConfig {
     /// ends must agree (it is the codec's `Limits::max_chunk_payload`); the default is the
     /// protocol's.
     pub max_chunk: u32,
-    /// Budget for the departure frame on `cancel` before the connection is shut regardless.
+    /// Budget of a link's close (`cancel`, drop): the frame part-way out, the departure
+    /// after it and the peer's taking of both (see `tcp/teardown.rs`), before the
+    /// connection is shut regardless. A reading peer sees the departure however loaded it
+    /// is, within this; one that stops reading holds the close this long, never more. The
+    /// runtime sets it to half its teardown budget.
     pub depart_timeout: Duration,
     /// Size of each registered io_uring buffer slot (the ring's sends of small frames that
     /// could not be written directly).
@@ -110,7 +114,7 @@ impl Default for TransportConfig {
             held_limit: 1 << 30,
             send_window: 64 << 20,
             max_chunk: Limits::DEFAULT.max_chunk_payload,
-            depart_timeout: Duration::from_millis(20),
+            depart_timeout: Duration::from_secs(1),
             uring_slot: 64 << 10,
             uring_slots: 64,
             uring_entries: 256,

@@ -829,7 +829,12 @@ mod suite {
     /// Cancel while a large send is part-way out to a peer that does not read: ops fail at
     /// once, the connection is shut within the departure budget, and teardown is bounded.
     pub(crate) async fn cancel_mid_frame_is_bounded(backend: Backend) {
-        let Some((t, _)) = transport(backend, None) else {
+        const BUDGET: Duration = Duration::from_millis(200);
+        let cfg = TransportConfig {
+            depart_timeout: BUDGET,
+            ..config(backend)
+        };
+        let Some((t, _)) = transport(backend, Some(cfg)) else {
             return;
         };
         let mut l = listener(&t).await;
@@ -849,13 +854,79 @@ mod suite {
         );
         assert!(matches!(s, Err(LinkError::Cancelled(_))), "{s:?}");
         assert!(matches!(r, Err(LinkError::Cancelled(_))));
-        // The observer drains what was written, then sees the close (no departure: it
-        // could not land on a frame boundary).
+        // Past the budget, the observer drains what was written, then sees the close (no
+        // departure: it could not land on a frame boundary in time).
+        tokio::time::sleep(BUDGET * 2).await;
         let end = tokio::task::spawn_blocking(move || raw.next_control(WAIT))
             .await
             .unwrap();
         assert!(matches!(end, Seen::Eof | Seen::Reset), "{end:?}");
         drop(a);
+        let t1 = Instant::now();
+        drop(l);
+        drop(t);
+        assert!(t1.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A departure sent is a departure seen by a peer that reads, however late: the link
+    /// is cancelled and dropped while a large frame is part-way out to an observer that
+    /// starts reading only 100 ms later (a loaded reader), with input of its own left
+    /// unread on the link (so a plain close would reset the stream and drop what the
+    /// kernel still held to send). The observer reads the whole frame, then the departure
+    /// with its code, then the end.
+    pub(crate) async fn a_loaded_reader_still_sees_the_departure(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
+        let mut l = listener(&t).await;
+        let (a, mut raw) = link_and_raw(&t, &mut l).await;
+        let unread = |op| {
+            Message::Chunk(Chunk {
+                header: ChunkHeader::new(
+                    chorus_protocol::Collective::AllReduce,
+                    DType::U8,
+                    OpSeq(op),
+                    0,
+                    0,
+                ),
+                payload: pattern(1000, 1),
+            })
+        };
+        // The first may be read by the link's first watch; the second stays unread.
+        raw.send_message(&route(0), &unread(50));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        raw.send_message(&route(0), &unread(51));
+        let big = pattern(32 << 20, 3);
+        // Queued at once (the send window); part-way out soon after, and no further (the
+        // observer is not reading, and the socket buffers hold far less).
+        a.send(tag(1, 0), big).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        a.cancel(CancelReason::new(CloseCode::ABORTED, "loaded"));
+        drop(a);
+        let observer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            let mut bytes = 0usize;
+            let depart = loop {
+                match raw.next(WAIT) {
+                    Seen::Frame(f) => match &f.message {
+                        Message::Chunk(c) => bytes += c.payload.len(),
+                        _ => break Seen::Frame(f),
+                    },
+                    other => break other,
+                }
+            };
+            (bytes, depart, raw.next(WAIT))
+        });
+        let (bytes, depart, end) = tokio::task::spawn_blocking(move || observer.join().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            departed(depart),
+            (CloseCode::ABORTED, "loaded".into()),
+            "after {bytes} bytes of the frame"
+        );
+        assert_eq!(bytes, 32 << 20, "the frame before the departure is whole");
+        assert!(matches!(end, Seen::Eof | Seen::Reset), "{end:?}");
         let t1 = Instant::now();
         drop(l);
         drop(t);
@@ -964,6 +1035,10 @@ macro_rules! backend_suite {
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn cancel_mid_frame_is_bounded() { suite::cancel_mid_frame_is_bounded($backend).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_loaded_reader_still_sees_the_departure() {
+                suite::a_loaded_reader_still_sees_the_departure($backend).await
+            }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn borrowed_sends_arrive_intact_whole_or_in_part() {
                 suite::borrowed_sends_arrive_intact_whole_or_in_part($backend).await

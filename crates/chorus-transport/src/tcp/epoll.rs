@@ -285,12 +285,30 @@ async fn write_loop(
             Ok(Err(_)) => Event::WriteFailed,
             Err(_) => Event::Tick,
         };
-        teardown.handle(Instant::now(), event);
+        if teardown.handle(Instant::now(), event) == Action::HalfClose {
+            flush(stream.get_ref().as_fd(), teardown).await;
+        }
     }
     // Principle 1: shutdown before close, so a forked duplicate cannot hide the close.
     socket::shutdown_of(stream.get_ref());
     // The reader task holds a duplicate descriptor; it ends now too.
     watch.end();
+}
+
+/// The teardown's flush: half-closes, then looks at what the peer has not acknowledged
+/// when the teardown says, until it says shut (nothing left, or its deadline).
+async fn flush(fd: BorrowedFd<'_>, teardown: &mut Teardown<Instant>) {
+    socket::shutdown_write(fd);
+    loop {
+        let left = socket::unacknowledged(fd);
+        if teardown.handle(Instant::now(), Event::Unacked(left)) != Action::Continue {
+            return;
+        }
+        let Some(at) = teardown.deadline() else {
+            return;
+        };
+        tokio::time::sleep_until(at).await;
+    }
 }
 
 enum Stop {

@@ -82,6 +82,16 @@ pub(crate) fn shutdown(fd: BorrowedFd<'_>) {
     }
 }
 
+/// `shutdown(SHUT_WR)`: the peer reads its end of stream after what was written, and this
+/// end may still read (the close's flush, see `teardown.rs`).
+pub(crate) fn shutdown_write(fd: BorrowedFd<'_>) {
+    if let Err(e) = SockRef::from(&fd).shutdown(std::net::Shutdown::Write)
+        && e.raw_os_error() != Some(libc::ENOTCONN)
+    {
+        tracing::debug!(fd = fd.as_raw_fd(), "shutdown(write): {e}");
+    }
+}
+
 /// Bytes written to the socket that the peer has not acknowledged yet (`SIOCOUTQ`);
 /// `None` if the kernel will not say.
 pub(crate) fn unacknowledged(fd: BorrowedFd<'_>) -> Option<usize> {

@@ -433,6 +433,8 @@ fn transport_config(config: &Config) -> TransportConfig {
             | TransportChoice::Shm => Backend::Auto,
         },
         connect_timeout: config.init_timeout,
+        // A departure's close gets half the teardown budget, as the lineage's departures.
+        depart_timeout: config.teardown_budget / 2,
         ..TransportConfig::default()
     }
 }

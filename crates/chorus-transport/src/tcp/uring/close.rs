@@ -3,7 +3,7 @@
 //! finish the frame on the wire, send the departure, shut, cancel, and let go of the
 //! connection once nothing in flight names it.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Instant;
 
 use chorus_protocol::message::Depart;
@@ -19,7 +19,8 @@ use crate::tcp::teardown::{Action, Event, Teardown};
 
 impl RingThread {
     /// Enforces departure deadlines: a connection whose departure could not be written in
-    /// time is shut regardless (the bound in "best effort, bounded").
+    /// time is shut regardless (the bound in "best effort, bounded"); one in its flush
+    /// looks again at what the peer has not acknowledged.
     pub(super) fn tick(&mut self) {
         let now = Instant::now();
         let late: Vec<u64> = self
@@ -34,7 +35,16 @@ impl RingThread {
             .map(|(id, _)| *id)
             .collect();
         for id in late {
-            self.teardown(id, Event::Tick);
+            let flushing = self
+                .conns
+                .get(&id)
+                .and_then(|c| c.closing.as_ref())
+                .is_some_and(Teardown::is_flushing);
+            if flushing {
+                self.look(id);
+            } else {
+                self.teardown(id, Event::Tick);
+            }
         }
     }
 
@@ -119,10 +129,30 @@ impl RingThread {
             Some(teardown) => teardown.handle(Instant::now(), event),
             None => Action::Done,
         };
-        if action == Action::Shut {
-            self.shut(id);
+        match action {
+            Action::Shut => self.shut(id),
+            Action::HalfClose => {
+                if let Some(c) = self.conns.get(&id) {
+                    socket::shutdown_write(c.fd.as_fd());
+                }
+                self.look(id);
+            }
+            Action::Continue | Action::Depart | Action::Done => {}
         }
         action
+    }
+
+    /// A look in the flush: what the peer has not acknowledged, fed to the teardown (which
+    /// shuts once nothing is left, or asks for the next look by its deadline).
+    fn look(&mut self, id: u64) {
+        let Some(left) = self
+            .conns
+            .get(&id)
+            .map(|c| socket::unacknowledged(c.fd.as_fd()))
+        else {
+            return;
+        };
+        self.teardown(id, Event::Unacked(left));
     }
 
     /// Carries out [`Action::Shut`] (principle 1): `shutdown(SHUT_RDWR)` reaches the peer
