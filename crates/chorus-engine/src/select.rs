@@ -39,9 +39,27 @@
 //! | 4 | 4 MiB | **4071–5029** | 4805–5560 |
 //! | 4 | 8 MiB | **8910–9480** | 11259–12038 |
 //!
+//! A third series, 2026-12-01 (after the TCP close change; same command, in-place µs per
+//! call, three interleaved rounds of `-w 3 -i 15`, other builds running, load 1.6–4),
+//! moved it up again: with four ranks on two cores every one of the ring's 2(n−1) = 6
+//! dependent steps waits for a descheduled rank, against halving-doubling's 2 log n = 4,
+//! and below 8 MiB that outweighs the ring's smaller volume per step:
+//!
+//! | ranks | size | ring | halving-doubling |
+//! |-------|------|------|------------------|
+//! | 4 | 2 MiB | 8408 / 9057 / 9734 | **5781 / 5427 / 7537** |
+//! | 4 | 4 MiB | 18224 / 16739 / 19194 | **13071 / 12295 / 12141** |
+//! | 4 | 8 MiB | 26961 / 22706 / 27747 | 25881 / 27286 / 24352 |
+//! | 4 | 16 MiB | **45474 / 50735 / 39069** | 48729 / 49337 / 50197 |
+//!
+//! (`for a in ring halving-doubling; do CHORUS_ALGO=all-reduce=$a flock /work/bench.lock
+//! chorus bench all-reduce --transport tcp -n 4 -b 2M -e 8M -f 2 -w 3 -i 15; done`, and
+//! `-b 2M -e 16M -f 8` for 16 MiB; out of place the margin is wider still, 16 MiB
+//! included: 52–57 ms against 57–78 ms.)
+//!
 //! Hence: in a world of two, recursive doubling (a single pipelined exchange) below 1 MiB
 //! and the ring from there (it reduces half as much and its two phases pipeline by chunk);
-//! in larger worlds recursive doubling below 64 KiB, halving-doubling below 2 MiB, the ring
+//! in larger worlds recursive doubling below 64 KiB, halving-doubling below 8 MiB, the ring
 //! above. The broadcast/reduce (binomial tree below 256 KiB), all-gather (Bruck below
 //! 64 KiB) and reduce-scatter (recursive halving below 1 MiB) crossovers were not measured
 //! separately; they follow the same latency-versus-bandwidth argument and are configuration
@@ -132,13 +150,17 @@ mod tests {
             select(Collective::AllReduce, 1 << 20, 2, &c),
             Algorithm::Ring
         );
-        // The measured 4-rank crossover (module docs): halving-doubling to 2 MiB.
+        // The measured 4-rank crossover (module docs): halving-doubling to 8 MiB.
         assert_eq!(
-            select(Collective::AllReduce, (2 << 20) - 4, 4, &c),
+            select(Collective::AllReduce, 4 << 20, 4, &c),
             Algorithm::HalvingDoubling
         );
         assert_eq!(
-            select(Collective::AllReduce, 2 << 20, 4, &c),
+            select(Collective::AllReduce, (8 << 20) - 4, 4, &c),
+            Algorithm::HalvingDoubling
+        );
+        assert_eq!(
+            select(Collective::AllReduce, 8 << 20, 4, &c),
             Algorithm::Ring
         );
         assert_eq!(
