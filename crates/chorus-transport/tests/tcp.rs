@@ -103,6 +103,21 @@ fn departed(seen: Seen) -> (CloseCode, String) {
     }
 }
 
+/// An all-reduce chunk of `len` pattern bytes for operation `op`, step 0, as a raw peer
+/// sends it.
+fn chunk_message(op: u64, len: usize) -> Message {
+    Message::Chunk(Chunk {
+        header: ChunkHeader::new(
+            chorus_protocol::Collective::AllReduce,
+            DType::U8,
+            OpSeq(op),
+            0,
+            0,
+        ),
+        payload: pattern(len, 1),
+    })
+}
+
 fn rejected(seen: Seen) -> CloseCode {
     match seen {
         Seen::Frame(f) => match f.message {
@@ -595,18 +610,7 @@ mod suite {
             return;
         };
         let mut l = listener(&t).await;
-        let chunk = |op| {
-            Message::Chunk(Chunk {
-                header: ChunkHeader::new(
-                    chorus_protocol::Collective::AllReduce,
-                    DType::U8,
-                    OpSeq(op),
-                    0,
-                    0,
-                ),
-                payload: pattern(64, 1),
-            })
-        };
+        let chunk = |op| chunk_message(op, 64);
         type Bad = Box<dyn Fn(&mut RawPeer) + Send>;
         let cases: Vec<(&str, Bad, CloseCode)> = vec![
             (
@@ -880,18 +884,7 @@ mod suite {
         };
         let mut l = listener(&t).await;
         let (a, mut raw) = link_and_raw(&t, &mut l).await;
-        let unread = |op| {
-            Message::Chunk(Chunk {
-                header: ChunkHeader::new(
-                    chorus_protocol::Collective::AllReduce,
-                    DType::U8,
-                    OpSeq(op),
-                    0,
-                    0,
-                ),
-                payload: pattern(1000, 1),
-            })
-        };
+        let unread = |op| chunk_message(op, 1000);
         // The first may be read by the link's first watch; the second stays unread.
         raw.send_message(&route(0), &unread(50));
         tokio::time::sleep(Duration::from_millis(20)).await;
