@@ -3,20 +3,21 @@
 //! A `send` that finds the stream idle copies its frame into our ring on the caller's
 //! thread; only what the ring has no room for goes to the pump. A `recv` that finds nothing
 //! held reads the peer's ring itself for a while (the same adaptive, crowded-core-aware
-//! window as TCP's, `spin.rs`), then parks and leaves the ring to the pump, which the
+//! window as TCP's, `spin.rs`, counted from the last bytes taken: `patience.rs`), then parks and leaves the ring to the pump, which the
 //! peer wakes through the segment's futex.
 //!
 //! Leaving is a `Depart` frame in the ring, then the one-way closed word and a wake-up:
 //! nothing depends on who else holds the segment's descriptor (principle 1).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
 use chorus_protocol::message::Depart;
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 
+use super::patience::{Patience, near_miss};
 use super::reader::Pumped;
 use super::shared::Shared;
 use crate::outbound;
@@ -27,6 +28,8 @@ use crate::spin::{CROWDED_NAP, SpinBudget, a_core_is_free};
 pub struct ShmLink {
     pub(super) shared: Arc<Shared>,
     pub(super) spin: SpinBudget,
+    /// A park answered within this long was a near miss (`patience::near_miss`).
+    pub(super) near: Duration,
 }
 
 impl ShmLink {
@@ -65,7 +68,14 @@ impl ShmLink {
         if !s.watching.load(std::sync::atomic::Ordering::SeqCst) {
             s.kick();
         }
-        waiting.await
+        let parked = Instant::now();
+        let result = waiting.await;
+        if near_miss(parked.elapsed(), self.near) {
+            // Undo the spin's narrowing and widen: a longer spin would have caught it.
+            self.spin.caught();
+            self.spin.caught();
+        }
+        result
     }
 
     /// Reads the peer's ring on this thread until `tag`'s payload (or the link's failure)
@@ -79,16 +89,18 @@ impl ShmLink {
         if window.is_zero() {
             return None;
         }
-        let start = Instant::now();
+        let mut patience = Patience::new(Instant::now(), window);
         let mut crowded = false;
         let mut tries = 0u32;
         let result = loop {
-            self.read_ring();
+            let took = self.read_ring();
             if let Some(result) = matcher.take(tag) {
                 self.spin.caught();
                 break Some(result);
             }
-            if start.elapsed() >= window {
+            let now = Instant::now();
+            patience.took(now, took);
+            if patience.spent(now) {
                 self.spin.missed();
                 break None;
             }
@@ -111,9 +123,15 @@ impl ShmLink {
         result
     }
 
-    fn read_ring(&self) {
-        if let Pumped::Close(depart) = self.shared.try_pump() {
-            self.shared.close(depart);
+    /// One pass over the peer's ring; the bytes it took.
+    fn read_ring(&self) -> usize {
+        match self.shared.try_pump() {
+            Pumped::Drained(n) => n,
+            Pumped::Busy => 0,
+            Pumped::Close(depart) => {
+                self.shared.close(depart);
+                0
+            }
         }
     }
 

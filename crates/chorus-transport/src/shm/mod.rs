@@ -18,6 +18,7 @@
 
 mod futex;
 mod link;
+mod patience;
 mod process;
 mod pump;
 mod raw;
@@ -281,6 +282,7 @@ impl ShmConnection {
         Ok(ShmLink {
             shared,
             spin: crate::spin::SpinBudget::new(self.cfg.recv_spin),
+            near: self.cfg.recv_spin.saturating_mul(2),
         })
     }
 
