@@ -427,3 +427,43 @@ fn a_shrink_whose_agreement_never_arrives_times_out_at_its_own_deadline() {
         assert_eq!(report.final_epoch, 0, "{replay}: {report}");
     }
 }
+
+/// After a partition heals, the minority that could not shrink learns it was removed: it
+/// knocks on the members it holds dead (one heartbeat per interval), and a member of the
+/// newer epoch answers the stale frame with `Depart{evicted}` and an `evicted` close. Bound:
+/// one knock round over the absent members (a heartbeat interval each) and a round trip.
+#[test]
+fn a_healed_minority_learns_it_was_evicted() {
+    for (ranks, lo, hi) in [(4, 3, 4), (6, 4, 6), (5, 0, 2)] {
+        for seed in 0..6 {
+            let mut scenario = cut_off(2100 + seed, ranks, lo, hi);
+            let heal = secs(5.0);
+            scenario.net.partitions[0].until = heal;
+            scenario.end = secs(9.0);
+            let report = sim::run(scenario.clone());
+            let replay = format!("seed {} ({})", scenario.seed, scenario.summary());
+            let absent = ranks - (hi - lo);
+            let bound =
+                heal + scenario.config.heartbeat_interval * absent + scenario.net.max_latency() * 4;
+            for proc in lo..hi {
+                let Some((at, epoch)) = report.evicted[proc as usize] else {
+                    panic!("{replay}: minority proc {proc} never learned it was evicted\n{report}");
+                };
+                assert!(
+                    at >= heal && at <= bound,
+                    "{replay}: proc {proc} evicted at {at}, healed at {heal}, bound {bound}"
+                );
+                assert_eq!(epoch, chorus_protocol::Epoch(0), "{replay}");
+                assert_eq!(report.installed[proc as usize], 0, "{replay}");
+            }
+            for proc in (0..ranks).filter(|p| !(lo..hi).contains(p)) {
+                assert!(
+                    report.evicted[proc as usize].is_none(),
+                    "{replay}: majority proc {proc} evicted\n{report}"
+                );
+                assert_eq!(report.installed[proc as usize], 1, "{replay}: {report}");
+            }
+            assert_passed(scenario, &report);
+        }
+    }
+}
