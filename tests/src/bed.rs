@@ -85,6 +85,8 @@ pub struct Bed {
     dir: PathBuf,
     slots: Vec<Reports>,
     per_node: u32,
+    /// Ranks started on a host outside its launcher ([`Bed::spawn_rank`]).
+    extra: Vec<Child>,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -121,6 +123,7 @@ impl Bed {
             dir,
             slots: Vec::new(),
             per_node: 0,
+            extra: Vec::new(),
             _serial: guard,
         };
         // From here on Drop removes whatever was made, whatever fails next.
@@ -236,6 +239,36 @@ impl Bed {
                 log: Vec::new(),
             });
         }
+    }
+
+    /// Starts `program` (a `chorus-test-rank`) on host `i` outside its launcher, as the next
+    /// slot, with `env` and the bed's command and report files for that slot, binding the
+    /// host's address (as a launcher's ranks do); returns the slot. A process that joins a
+    /// running job (`CT_JOIN`) after its host came back, say. Dropping the bed kills it.
+    pub fn spawn_rank(
+        &mut self,
+        i: usize,
+        program: &Path,
+        env: &[(String, String)],
+    ) -> Result<usize, String> {
+        let slot = self.slots.len();
+        self.watch(slot + 1);
+        let log = std::fs::File::create(self.dir.join(format!("rank-{slot}.log")))
+            .map_err(|e| format!("rank log: {e}"))?;
+        let err = log.try_clone().map_err(|e| format!("rank log: {e}"))?;
+        let mut cmd = self.command(i, program);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)))
+            .env("CHORUS_BIND", self.hosts[i].addr.to_string())
+            .env("CT_COMMANDS", self.dir.join(format!("cmd-{slot}")))
+            .env("CT_EVENTS", self.dir.join(format!("ev-{slot}")))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start a rank on host {i}: {e}"))?;
+        self.extra.push(child);
+        Ok(slot)
     }
 
     /// `program` to run on host `i`: in its network namespace, under a UTS namespace with
@@ -485,6 +518,9 @@ impl Drop for Bed {
                 reap(&mut child, Duration::from_secs(5));
             }
         }
+        for mut child in std::mem::take(&mut self.extra) {
+            reap(&mut child, Duration::from_secs(5));
+        }
         for ns in self
             .hosts
             .iter()
@@ -508,7 +544,7 @@ fn reap(child: &mut Child, limit: Duration) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    eprintln!("host launcher {} not reaped within {limit:?}", child.id());
+    eprintln!("process {} not reaped within {limit:?}", child.id());
 }
 
 /// The `chorus` binary: `CHORUS_BIN`, or beside this test's executables (`cargo build -p

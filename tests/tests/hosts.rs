@@ -11,6 +11,7 @@
 
 #![allow(clippy::print_stderr)] // the skip line
 #![allow(clippy::print_stdout)] // measurements, shown with --nocapture
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -162,12 +163,12 @@ fn a_vanished_host_fails_every_survivor_by_the_deadline_and_they_go_on_as_four()
 
 /// Scenario 2: Partition: host 2 cut off mid all-reduce. The majority shrinks; the minority fails
 /// with a named error by the deadline and cannot shrink under the majority quorum; no
-/// minority rank ever runs in the new epoch, nor gets into it once the cut heals: its
-/// shrink then still fails. The issue asks that it then learn `evicted`; today it does not
-/// (it still says `no-quorum`: the majority's departures from the old epoch were sent
-/// during the cut and nothing repeats them), so the kind is printed and either is accepted
-/// until the control plane tells a healed minority. The minority stays idle after its
-/// failure to ask again.
+/// minority rank ever runs in the new epoch. Once the cut heals, the minority learns it was
+/// removed within the deadline + 20 % (it knocks on the members it holds dead, one per
+/// heartbeat interval, and a member of the new epoch refuses it with `evicted`): its next
+/// shrink fails `evicted`. Then its processes exit, a new one started on the healed host
+/// joins with the grow token while the majority grows by one, and the five all-reduce
+/// correctly. The minority stays idle after its failure to ask again.
 #[test]
 fn a_partitioned_host_cannot_shrink_and_the_majority_goes_on_alone() {
     let Some(mut bed) = start("partition", &[(LOST, "CT_ON_FAIL", "idle")]) else {
@@ -195,19 +196,17 @@ fn a_partitioned_host_cannot_shrink_and_the_majority_goes_on_alone() {
     survivors_fail(&mut bed, at, DEADLINE_MS * 1.2, "partition");
     survivors_agree(&mut bed, "partition");
     bed.heal(LOST).unwrap();
-    survivors_finish(&mut bed, "partition");
-    // Healed: the minority is out for good.
-    std::thread::sleep(Duration::from_millis(DEADLINE_MS as u64));
+    let healed = chorus_tests::clock::mono_ns();
     for s in bed.slots_of(LOST) {
-        bed.send(s, "shrink");
-        let again = expect(&mut bed, s, &["shrunk", "shrink-failed"]);
-        println!("partition: healed minority slot {s} asked again: {again}");
-        assert_eq!(
-            again.ev(),
-            "shrink-failed",
-            "a healed minority rank got in: {again}"
+        let evicted = evicted_after_heal(&mut bed, s, healed);
+        let latency = ms_between(healed, evicted.t());
+        println!(
+            "partition: healed minority slot {s} evicted {latency:.0} ms after the heal: {evicted}"
         );
-        assert!(matches!(again.kind(), "evicted" | "no-quorum"), "{again}");
+        assert!(
+            latency <= DEADLINE_MS * 1.2,
+            "minority slot {s} learned it was evicted {latency:.0} ms after the heal"
+        );
     }
     for s in bed.slots_of(LOST) {
         let log = bed.log(s);
@@ -216,6 +215,88 @@ fn a_partitioned_host_cannot_shrink_and_the_majority_goes_on_alone() {
                 .any(|e| matches!(e.ev(), "shrunk" | "finished" | "grown")),
             "minority slot {s} ran in a new epoch: {log:?}"
         );
+    }
+    survivors_finish(&mut bed, "partition");
+    rejoin_through_grow(&mut bed);
+}
+
+/// Asks a healed minority rank to shrink until its answer is `evicted` (until then it is
+/// `no-quorum`, at once); that answer. Panics past the deadline + 20 % and some asking.
+fn evicted_after_heal(bed: &mut Bed, slot: usize, healed: u64) -> Event {
+    loop {
+        bed.send(slot, "shrink");
+        let again = expect(bed, slot, &["shrunk", "shrink-failed"]);
+        assert_eq!(
+            again.ev(),
+            "shrink-failed",
+            "a healed minority rank got in: {again}"
+        );
+        if again.kind() == "evicted" {
+            return again;
+        }
+        assert_eq!(again.kind(), "no-quorum", "{again}");
+        let waited = ms_between(healed, chorus_tests::clock::mono_ns());
+        assert!(
+            waited <= DEADLINE_MS * 2.0,
+            "slot {slot}: still not evicted {waited:.0} ms after the heal: {again}{}",
+            bed.diagnose()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The evicted minority's processes exit; a restarted process on the healed host joins
+/// with the grow token (rank 0's control endpoint) while the four grow by one; the five
+/// run checked all-reduces.
+fn rejoin_through_grow(bed: &mut Bed) {
+    for s in bed.slots_of(LOST) {
+        bed.send(s, "exit");
+        expect(bed, s, &["exit"]);
+    }
+    let ready = bed.log(0).into_iter().find(|e| e.ev() == "ready").unwrap();
+    let token = ready.str("grow_token").unwrap().to_owned();
+    let env: Vec<(String, String)> = [
+        ("CHORUS_HEARTBEAT_INTERVAL", "100ms"),
+        ("CHORUS_HEARTBEAT_DEADLINE", "2s"),
+        ("CT_LIFETIME_S", "60"),
+        ("CT_SIZES", "1,256,4096"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .chain([("CT_JOIN".to_string(), token)])
+    .collect();
+    let rank = PathBuf::from(env!("CARGO_BIN_EXE_chorus-test-rank"));
+    let newcomer = bed.spawn_rank(LOST, &rank, &env).unwrap();
+    bed.send_all(&SURVIVORS, "grow 1");
+    let joined = expect(bed, newcomer, &["joined", "init-failed"]);
+    println!("partition: restarted process on the healed host: {joined}");
+    assert_eq!(
+        (joined.ev(), joined.u64("rank"), joined.u64("world")),
+        ("joined", Some(4), Some(5)),
+        "{joined}{}",
+        bed.diagnose()
+    );
+    let epoch = joined.u64("epoch");
+    for s in SURVIVORS {
+        let g = expect(bed, s, &["grown", "grow-failed"]);
+        assert_eq!(
+            (g.ev(), g.u64("world"), g.u64("rank"), g.u64("epoch")),
+            ("grown", Some(5), Some(s as u64), epoch),
+            "{g}"
+        );
+    }
+    let all = [0, 1, 2, 3, newcomer];
+    bed.send_all(&all, "loop");
+    std::thread::sleep(Duration::from_millis(500));
+    bed.send_all(&all, "finish");
+    for s in all {
+        let f = expect(bed, s, &["finished", "error"]);
+        assert_eq!(
+            (f.ev(), f.u64("world"), f.u64("epoch")),
+            ("finished", Some(5), epoch),
+            "slot {s}: {f}"
+        );
+        assert!(f.u64("iters").unwrap_or(0) >= 5, "{f}");
     }
 }
 

@@ -271,7 +271,7 @@ fn bind(
     // Only bootstrap streams of this communicator at epoch 0, and status clients of it, are
     // admitted. Another role is one this endpoint does not serve (SPEC 5.2:
     // `protocol-violation`); another communicator, or a later epoch, is not served here.
-    let admission: Admission = Arc::new(move |c, epoch, role| match role {
+    let admission: Admission = Arc::new(move |c, epoch, _, role| match role {
         _ if c != comm => Err((
             CloseCode::UNKNOWN_COMM,
             format!("this root bootstraps {comm} only"),
