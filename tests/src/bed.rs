@@ -177,6 +177,20 @@ impl Bed {
     /// Starts one node launcher per host with `job.per_node` test ranks each, node 0 first,
     /// and waits for every rank's `ready`.
     pub fn launch(&mut self, job: &BedJob) -> Result<(), String> {
+        self.start(job)?;
+        let until = Instant::now() + job.start_timeout;
+        for slot in 0..self.slots.len() {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.wait_any(slot, &["ready", "init-failed"], left) {
+                Some(e) if e.ev() == "ready" => {}
+                _ => return Err(format!("slot {slot} not ready: {}", self.diagnose())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the node launchers as [`Bed::launch`] does, without waiting for the ranks.
+    pub fn start(&mut self, job: &BedJob) -> Result<(), String> {
         let chorus = chorus_bin()?;
         self.per_node = job.per_node;
         let n = self.hosts.len();
@@ -215,14 +229,6 @@ impl Bed {
                 .spawn()
                 .map_err(|e| format!("cannot start host {i}: {e}"))?;
             self.hosts[i].launcher = Some(child);
-        }
-        let until = Instant::now() + job.start_timeout;
-        for slot in 0..self.slots.len() {
-            let left = until.saturating_duration_since(Instant::now());
-            match self.wait_any(slot, &["ready", "init-failed"], left) {
-                Some(e) if e.ev() == "ready" => {}
-                _ => return Err(format!("slot {slot} not ready: {}", self.diagnose())),
-            }
         }
         Ok(())
     }
@@ -531,7 +537,11 @@ impl Drop for Bed {
                 eprintln!("cannot delete network namespace {ns}: {e}");
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os("CHORUS_TESTS_KEEP").is_some() {
+            eprintln!("kept the bed's files in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

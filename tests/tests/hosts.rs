@@ -41,15 +41,31 @@ fn start(what: &str, host_env: &[(usize, &str, &str)]) -> Option<Bed> {
             return None;
         }
     };
+    let job = bed_job(host_env);
+    if let Err(e) = bed.launch(&job) {
+        panic!("{what}: the job did not start: {e}");
+    }
+    for s in 0..6 {
+        expect(&mut bed, s, &["looping"]);
+    }
+    // Let the all-reduces run for a while: the fault lands mid-operation.
+    std::thread::sleep(Duration::from_millis(400));
+    no_failure_yet(&mut bed, what);
+    Some(bed)
+}
+
+/// The job every scenario runs: 2 ranks per host, looping, shrinking on a failure.
+fn bed_job(host_env: &[(usize, &str, &str)]) -> BedJob {
     let env = [
         ("CHORUS_HEARTBEAT_INTERVAL", "100ms"),
         ("CHORUS_HEARTBEAT_DEADLINE", "2s"),
+        ("CHORUS_INIT_TIMEOUT", "30s"),
         ("CT_START", "loop"),
         ("CT_ON_FAIL", "shrink"),
         ("CT_SIZES", "1,256,4096"),
         ("CT_LIFETIME_S", "120"),
     ];
-    let job = BedJob {
+    BedJob {
         per_node: 2,
         env: env
             .iter()
@@ -61,17 +77,7 @@ fn start(what: &str, host_env: &[(usize, &str, &str)]) -> Option<Bed> {
             .collect(),
         start_timeout: Duration::from_secs(60),
         rank: PathBuf::from(env!("CARGO_BIN_EXE_chorus-test-rank")),
-    };
-    if let Err(e) = bed.launch(&job) {
-        panic!("{what}: the job did not start: {e}");
     }
-    for s in 0..6 {
-        expect(&mut bed, s, &["looping"]);
-    }
-    // Let the all-reduces run for a while: the fault lands mid-operation.
-    std::thread::sleep(Duration::from_millis(400));
-    no_failure_yet(&mut bed, what);
-    Some(bed)
 }
 
 /// Nothing failed before the fault: a failure now is a false death (heartbeats starved by
@@ -297,6 +303,60 @@ fn rejoin_through_grow(bed: &mut Bed) {
             "slot {s}: {f}"
         );
         assert!(f.u64("iters").unwrap_or(0) >= 5, "{f}");
+    }
+}
+
+/// A rank on node 1 dies before it joins (issue 17, 1: each node's launcher witnesses its
+/// own ranks and tells the job promptly). Its launcher is the only witness and the root is
+/// on node 0: it tells the root, which refuses every joiner with `aborted` naming the rank
+/// at once (`bootstrap` errors upstairs; a rank that asks after node 0's launcher ended
+/// finds no root, as promptly), so every other rank's init fails within 5 s of the death
+/// (the init deadline is 30 s; the bound leaves room for the others' own start on a loaded
+/// machine).
+#[test]
+fn a_rank_on_another_node_that_dies_before_joining_fails_the_init_promptly() {
+    let what = "death before joining";
+    let mut bed = match Bed::new(3) {
+        Ok(b) => b,
+        Err(why) => {
+            let line = format!("skipped: {what}: no host bed ({why})\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            return;
+        }
+    };
+    bed.start(&bed_job(&[(1, "CT_DIE_BEFORE_INIT", "3")]))
+        .unwrap();
+    expect(&mut bed, 3, &["doomed"]);
+    // Every host's launcher and both of its ranks are up (the others joining the root), so
+    // the death lands while the job waits for it; then rank 3 dies.
+    let until = std::time::Instant::now() + WAIT;
+    while (0..3).any(|h| bed.pids(h).len() < 3) {
+        assert!(
+            std::time::Instant::now() < until,
+            "{what}: the hosts did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    bed.send(3, "die");
+    let died = expect(&mut bed, 3, &["died"]);
+    for s in [0, 1, 2, 4, 5] {
+        let f = expect(&mut bed, s, &["init-failed", "ready"]);
+        let latency = ms_between(died.t(), f.t()).max(0.0);
+        println!(
+            "{what}: slot {s} {} {latency:.0} ms after rank 3 died: {f}",
+            f.ev()
+        );
+        assert_eq!(
+            (f.ev(), f.kind()),
+            ("init-failed", "bootstrap"),
+            "slot {s}: {f}{}",
+            bed.diagnose()
+        );
+        assert!(
+            latency <= 5000.0,
+            "slot {s}: {latency:.0} ms after the death"
+        );
     }
 }
 
