@@ -85,6 +85,8 @@ pub struct Bed {
     dir: PathBuf,
     slots: Vec<Reports>,
     per_node: u32,
+    /// Ranks started on a host outside its launcher ([`Bed::spawn_rank`]).
+    extra: Vec<Child>,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -121,6 +123,7 @@ impl Bed {
             dir,
             slots: Vec::new(),
             per_node: 0,
+            extra: Vec::new(),
             _serial: guard,
         };
         // From here on Drop removes whatever was made, whatever fails next.
@@ -174,6 +177,20 @@ impl Bed {
     /// Starts one node launcher per host with `job.per_node` test ranks each, node 0 first,
     /// and waits for every rank's `ready`.
     pub fn launch(&mut self, job: &BedJob) -> Result<(), String> {
+        self.start(job)?;
+        let until = Instant::now() + job.start_timeout;
+        for slot in 0..self.slots.len() {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.wait_any(slot, &["ready", "init-failed"], left) {
+                Some(e) if e.ev() == "ready" => {}
+                _ => return Err(format!("slot {slot} not ready: {}", self.diagnose())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the node launchers as [`Bed::launch`] does, without waiting for the ranks.
+    pub fn start(&mut self, job: &BedJob) -> Result<(), String> {
         let chorus = chorus_bin()?;
         self.per_node = job.per_node;
         let n = self.hosts.len();
@@ -213,14 +230,6 @@ impl Bed {
                 .map_err(|e| format!("cannot start host {i}: {e}"))?;
             self.hosts[i].launcher = Some(child);
         }
-        let until = Instant::now() + job.start_timeout;
-        for slot in 0..self.slots.len() {
-            let left = until.saturating_duration_since(Instant::now());
-            match self.wait_any(slot, &["ready", "init-failed"], left) {
-                Some(e) if e.ev() == "ready" => {}
-                _ => return Err(format!("slot {slot} not ready: {}", self.diagnose())),
-            }
-        }
         Ok(())
     }
 
@@ -236,6 +245,36 @@ impl Bed {
                 log: Vec::new(),
             });
         }
+    }
+
+    /// Starts `program` (a `chorus-test-rank`) on host `i` outside its launcher, as the next
+    /// slot, with `env` and the bed's command and report files for that slot, binding the
+    /// host's address (as a launcher's ranks do); returns the slot. A process that joins a
+    /// running job (`CT_JOIN`) after its host came back, say. Dropping the bed kills it.
+    pub fn spawn_rank(
+        &mut self,
+        i: usize,
+        program: &Path,
+        env: &[(String, String)],
+    ) -> Result<usize, String> {
+        let slot = self.slots.len();
+        self.watch(slot + 1);
+        let log = std::fs::File::create(self.dir.join(format!("rank-{slot}.log")))
+            .map_err(|e| format!("rank log: {e}"))?;
+        let err = log.try_clone().map_err(|e| format!("rank log: {e}"))?;
+        let mut cmd = self.command(i, program);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)))
+            .env("CHORUS_BIND", self.hosts[i].addr.to_string())
+            .env("CT_COMMANDS", self.dir.join(format!("cmd-{slot}")))
+            .env("CT_EVENTS", self.dir.join(format!("ev-{slot}")))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start a rank on host {i}: {e}"))?;
+        self.extra.push(child);
+        Ok(slot)
     }
 
     /// `program` to run on host `i`: in its network namespace, under a UTS namespace with
@@ -485,6 +524,9 @@ impl Drop for Bed {
                 reap(&mut child, Duration::from_secs(5));
             }
         }
+        for mut child in std::mem::take(&mut self.extra) {
+            reap(&mut child, Duration::from_secs(5));
+        }
         for ns in self
             .hosts
             .iter()
@@ -495,7 +537,11 @@ impl Drop for Bed {
                 eprintln!("cannot delete network namespace {ns}: {e}");
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os("CHORUS_TESTS_KEEP").is_some() {
+            eprintln!("kept the bed's files in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -508,7 +554,7 @@ fn reap(child: &mut Child, limit: Duration) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    eprintln!("host launcher {} not reaped within {limit:?}", child.id());
+    eprintln!("process {} not reaped within {limit:?}", child.id());
 }
 
 /// The `chorus` binary: `CHORUS_BIN`, or beside this test's executables (`cargo build -p

@@ -46,7 +46,11 @@
 //!   fails its shrink at once with [`Event::AgreementFailed`] ([`NoQuorum`]) and starts no
 //!   round; any other request fails at its one deadline ([`Config::request_timeout`]).
 //! - **Eviction.** A rank that learns it was removed, or declared dead while it was
-//!   stalled, gets [`Event::Evicted`] and goes inert.
+//!   stalled, gets [`Event::Evicted`] and goes inert. A member of a newer epoch answers a
+//!   stale frame from a rank it removed with `Depart{evicted}` and a close with `evicted`;
+//!   a member whose own view has no quorum (a partitioned minority) knocks on the members
+//!   it holds dead, one heartbeat per interval (`knock`), so once a cut heals it hears it
+//!   was removed.
 
 #![forbid(unsafe_code)]
 
@@ -58,6 +62,7 @@ mod detector;
 pub mod error;
 pub mod event;
 pub mod input;
+mod knock;
 pub mod lateness;
 pub mod ledger;
 pub mod node;

@@ -37,6 +37,7 @@ use crate::detector::{Detector, Expiry};
 use crate::error::InputError;
 use crate::event::{Agreed, Event, Eviction};
 use crate::input::{Command, Input, Received, Witness};
+use crate::knock::Knock;
 use crate::lateness::Lateness;
 use crate::ledger::Ledger;
 use crate::outbox::Outbox;
@@ -103,6 +104,7 @@ enum Reply {
     CatchUp,
     Accuse,
     Repair,
+    Evict,
 }
 
 /// One member's control plane. See the module docs for how to drive it.
@@ -125,6 +127,8 @@ pub struct Node {
     /// Until when an accusation of death is explained by this member's own long stall.
     stalled_until: Option<Instant>,
     replies: BTreeMap<(Reply, u64, Rank), Instant>,
+    /// Whom this member asks next whether it is there, while its view has no quorum.
+    knock: Knock,
     out: Outbox,
     stats: Stats,
 }
@@ -150,6 +154,7 @@ impl Node {
             knowledge_at: now,
             stalled_until: None,
             replies: BTreeMap::new(),
+            knock: Knock::default(),
             out: Outbox::default(),
             stats: Stats::default(),
         };
@@ -335,6 +340,7 @@ impl Node {
         let current = self.view.epoch();
         if frame.epoch < current {
             self.stats.stale += 1;
+            self.life_across_epochs(&frame, now);
             self.on_stale(&frame, now);
             return Err(InputError::StaleEpoch {
                 frame: frame.epoch,
@@ -343,6 +349,7 @@ impl Node {
         }
         if frame.epoch > current {
             self.stats.future += 1;
+            self.life_across_epochs(&frame, now);
             return Err(InputError::FutureEpoch {
                 frame: frame.epoch,
                 current,
@@ -357,6 +364,15 @@ impl Node {
         }
         if from == self.view.rank() {
             return Err(invalid(kind, "frame claims this member's own rank"));
+        }
+        if let Message::Depart(depart) = &frame.message
+            && depart.code == CloseCode::EVICTED
+        {
+            // A member of a newer epoch that removed this one says so (SPEC 14), also
+            // when this member holds it dead: that is how a healed minority learns.
+            tracing::warn!(rank = %self.view.rank(), epoch = %current, peer = %from, detail = %depart.detail, "told it was removed");
+            self.evict(current, Eviction::Closed { peer: from });
+            return Ok(());
         }
         if self.ledger.is_absent(from) {
             self.stats.from_absent += 1;
@@ -613,8 +629,10 @@ impl Node {
         Ok(())
     }
 
-    /// A frame from an epoch this member left: the sender missed a commit. Answer with the
-    /// one that follows its epoch, once the flood has had time to reach it.
+    /// A frame from an epoch this member left. If the commit that ended the sender's epoch
+    /// removed it, tell it so (SPEC 14: `Depart{evicted}`, then a close with `evicted`): a
+    /// member that was frozen, or cut off and now healed, learns it is out. Otherwise the
+    /// sender missed that commit: answer with it, once the flood has had time to reach it.
     fn on_stale(&mut self, frame: &Received, now: Instant) {
         if matches!(frame.message, Message::Commit(_)) {
             return;
@@ -629,7 +647,37 @@ impl Node {
         else {
             return;
         };
-        if now < *at + self.config.heartbeat_interval || frame.from.get() >= *old_world {
+        if frame.from.get() >= *old_world {
+            return;
+        }
+        if commit.proposal.removed.contains(&frame.from) {
+            let epoch = commit.proposal.epoch;
+            if !self.allow(
+                Reply::Evict,
+                frame.from,
+                now,
+                self.config.heartbeat_interval,
+            ) {
+                return;
+            }
+            tracing::debug!(rank = %self.view.rank(), peer = %frame.from, old = %frame.epoch, %epoch, "a removed member spoke; telling it");
+            let detail = format!("removed at {epoch}");
+            self.send(
+                frame.from,
+                frame.epoch,
+                Message::Depart(Depart {
+                    code: CloseCode::EVICTED,
+                    detail,
+                }),
+            );
+            self.out.intents.push_back(ConnectionIntent::Close {
+                peer: frame.from,
+                epoch: frame.epoch,
+                code: CloseCode::EVICTED,
+            });
+            return;
+        }
+        if now < *at + self.config.heartbeat_interval {
             return;
         }
         let commit = commit.clone();
@@ -638,6 +686,44 @@ impl Node {
         }
         self.stats.catch_ups += 1;
         self.send(frame.from, frame.epoch, Message::Commit(commit));
+    }
+
+    /// A frame of the epoch just before or just after this member's is refused, but it is
+    /// a sign of life all the same: around a shrink, members install the new epoch one by
+    /// one, and a member that installs late heartbeats at the old epoch meanwhile while the
+    /// others heartbeat at the new one. Not counting those frames declared a live member
+    /// dead when its commit came late (a false death). The sender is mapped to this
+    /// epoch's numbering through the commit that installed it (a frame of the old epoch),
+    /// or through the proposal this member accepted (a frame of the next epoch, whose
+    /// commit has not arrived; a higher ballot re-proposes a chosen value, so it is that
+    /// value unless none was chosen yet, and then the commit corrects the view).
+    fn life_across_epochs(&mut self, frame: &Received, now: Instant) {
+        let current = self.view.epoch();
+        let mapped = if frame.epoch.get().checked_add(1) == Some(current.get()) {
+            self.history
+                .iter()
+                .find(|(c, _, _)| c.proposal.epoch == current)
+                .and_then(|(c, old_world, _)| {
+                    Plan::from_proposal(*old_world, frame.epoch, &c.proposal).ok()
+                })
+                .and_then(|plan| plan.new_rank(frame.from))
+        } else if current.get().checked_add(1) == Some(frame.epoch.get()) {
+            self.agreement
+                .accepted()
+                .filter(|p| p.epoch == frame.epoch)
+                .and_then(|p| Plan::from_proposal(self.view.world(), current, p).ok())
+                .and_then(|plan| plan.old_rank(frame.from))
+        } else {
+            None
+        };
+        let Some(rank) = mapped else { return };
+        if rank == self.view.rank()
+            || rank.get() >= self.view.world()
+            || self.ledger.is_absent(rank)
+        {
+            return;
+        }
+        self.heard(rank, now);
     }
 
     /// A frame from a member this one holds dead: tell it (it may have been frozen).
@@ -830,6 +916,7 @@ impl Node {
                 self.send(to, epoch, Message::Heartbeat(Heartbeat { seq, digest }));
             }
         }
+        self.knock(now);
         let (agreement, ctx, out) = self.agreement_parts(now);
         let decided = agreement.on_timeout(&ctx, out);
         self.decided(decided, now);
@@ -839,6 +926,36 @@ impl Node {
             tracing::warn!(at = %now, rank = %self.view.rank(), %epoch, "shrink request timed out");
             self.out.events.push_back(event);
         }
+    }
+
+    /// While this member's own view cannot reach a quorum, asks one member it holds dead
+    /// at a time whether it is there (see [`crate::knock`]): a heartbeat of this epoch,
+    /// which a member that removed it answers with an eviction.
+    fn knock(&mut self, now: Instant) {
+        if self.knock.next_deadline().is_some_and(|at| now < at) {
+            return;
+        }
+        let absent = self.ledger.absent();
+        let dead: BTreeSet<Rank> = if reach(self.view.world(), absent, self.config.quorum).is_err()
+        {
+            absent
+                .iter()
+                .copied()
+                .filter(|r| self.ledger.state(*r) == PeerState::Dead)
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        let Some(to) = self.knock.due(now, self.config.heartbeat_interval, &dead) else {
+            return;
+        };
+        let (seq, digest) = (self.detector.seq(), self.digest().get());
+        self.stats.heartbeats += 1;
+        self.send(
+            to,
+            self.view.epoch(),
+            Message::Heartbeat(Heartbeat { seq, digest }),
+        );
     }
 
     /// With a shrink requested, checks that this member's view can still reach a quorum;
@@ -874,6 +991,9 @@ impl Node {
             next = next.min(at);
         }
         if let Some(at) = self.request.deadline() {
+            next = next.min(at);
+        }
+        if let Some(at) = self.knock.next_deadline() {
             next = next.min(at);
         }
         Some(next)
@@ -943,6 +1063,7 @@ impl Node {
         self.view = view;
         self.revocation = Revocation::default();
         self.replies.clear();
+        self.knock.stop();
         self.knowledge_at = now;
         let leftover: Vec<PeerInfo> = self
             .agreement
@@ -1806,6 +1927,121 @@ mod tests {
             (Epoch(1), 1, Rank(0))
         );
         assert_eq!(n.epoch(), Epoch(1));
+    }
+
+    fn lost(n: &mut Node, at: u64, peer: u32) {
+        n.handle(
+            ms(at),
+            Input::ConnectionLost {
+                epoch: Epoch(0),
+                peer: Rank(peer),
+                code: CloseCode::INTERNAL,
+            },
+        )
+        .unwrap();
+    }
+
+    /// Rank 0 of 2 removes rank 1 (the survivors' quorum: it agrees alone); rank 1, cut off
+    /// and now back, speaks at epoch 0 and is told it was removed, whatever the frame.
+    #[test]
+    fn a_stale_frame_from_a_removed_rank_is_answered_with_its_eviction() {
+        let view = View::new(COMM, Epoch(0), 2, Rank(0)).unwrap();
+        let config = Config {
+            quorum: crate::Quorum::Survivors,
+            ..Config::default()
+        };
+        let mut n = Node::new(config, view, ms(0)).unwrap();
+        lost(&mut n, 1, 1);
+        n.handle(ms(2), Input::Command(Command::Shrink)).unwrap();
+        assert_eq!((n.epoch(), n.world()), (Epoch(1), 1));
+        transmits(&mut n);
+        intents(&mut n);
+        assert!(n.handle(ms(3), frame(1, 0, heartbeat())).is_err());
+        let told = transmits(&mut n);
+        assert!(
+            matches!(
+                told.as_slice(),
+                [Transmit {
+                    to: Rank(1),
+                    epoch: Epoch(0),
+                    message: Message::Depart(Depart {
+                        code: CloseCode::EVICTED,
+                        ..
+                    }),
+                    ..
+                }]
+            ),
+            "at once, no flood to wait for: {told:?}"
+        );
+        assert_eq!(
+            intents(&mut n),
+            [ConnectionIntent::Close {
+                peer: Rank(1),
+                epoch: Epoch(0),
+                code: CloseCode::EVICTED
+            }]
+        );
+        assert!(n.handle(ms(4), frame(1, 0, heartbeat())).is_err());
+        assert!(transmits(&mut n).is_empty(), "rate limited");
+        assert!(n.handle(ms(203), frame(1, 0, heartbeat())).is_err());
+        assert_eq!(transmits(&mut n).len(), 1, "told again an interval later");
+        assert_eq!(n.status(), Status::Member);
+    }
+
+    #[test]
+    fn told_it_was_removed_it_is_evicted_even_by_a_member_it_holds_dead() {
+        let mut n = node(4, 3);
+        for (at, peer) in [(1, 0), (2, 1), (3, 2)] {
+            lost(&mut n, at, peer);
+        }
+        events(&mut n);
+        let told = Message::Depart(Depart {
+            code: CloseCode::EVICTED,
+            detail: "removed at epoch 1".into(),
+        });
+        n.handle(ms(10), frame(1, 0, told)).unwrap();
+        assert_eq!(n.status(), Status::Evicted);
+        assert_eq!(
+            events(&mut n),
+            [Event::Evicted {
+                epoch: Epoch(0),
+                cause: Eviction::Closed { peer: Rank(1) }
+            }]
+        );
+    }
+
+    /// A member whose own view has no quorum knocks on the dead, one per heartbeat
+    /// interval, in turn; once it has its quorum back (or never lost it) it does not.
+    #[test]
+    fn without_a_quorum_a_member_knocks_on_the_dead_in_turn() {
+        let mut n = node(4, 3);
+        lost(&mut n, 1, 0);
+        transmits(&mut n);
+        n.handle(ms(150), Input::Timeout).unwrap();
+        assert!(
+            transmits(&mut n).iter().all(|t| t.to != Rank(0)),
+            "3 of 4 is a quorum: nobody knocks"
+        );
+        lost(&mut n, 200, 1);
+        lost(&mut n, 200, 2);
+        let mut knocked = Vec::new();
+        let mut at = 200;
+        while at < 1400 {
+            for t in transmits(&mut n) {
+                if let Message::Heartbeat(_) = t.message {
+                    assert_eq!(t.epoch, Epoch(0));
+                    knocked.push((at, t.to));
+                }
+            }
+            at = n
+                .poll_timeout()
+                .map_or(at + 10, |w| w.as_micros() / 1000)
+                .max(at + 1);
+            n.handle(ms(at), Input::Timeout).unwrap();
+        }
+        let order: Vec<Rank> = knocked.iter().map(|(_, r)| *r).collect();
+        assert!(order.len() >= 6 && order.len() <= 7, "{knocked:?}");
+        assert_eq!(order[..6], [0, 1, 2, 0, 1, 2].map(Rank), "{knocked:?}");
     }
 
     /// Three members, rank 2 dead: rank 0 coordinates the shrink by hand-carried frames,

@@ -427,3 +427,78 @@ fn a_shrink_whose_agreement_never_arrives_times_out_at_its_own_deadline() {
         assert_eq!(report.final_epoch, 0, "{replay}: {report}");
     }
 }
+
+/// After a partition heals, the minority that could not shrink learns it was removed: it
+/// knocks on the members it holds dead (one heartbeat per interval), and a member of the
+/// newer epoch answers the stale frame with `Depart{evicted}` and an `evicted` close. Bound:
+/// one knock round over the absent members (a heartbeat interval each) and a round trip.
+#[test]
+fn a_healed_minority_learns_it_was_evicted() {
+    for (ranks, lo, hi) in [(4, 3, 4), (6, 4, 6), (5, 0, 2)] {
+        for seed in 0..6 {
+            let mut scenario = cut_off(2100 + seed, ranks, lo, hi);
+            let heal = secs(5.0);
+            scenario.net.partitions[0].until = heal;
+            scenario.end = secs(9.0);
+            let report = sim::run(scenario.clone());
+            let replay = format!("seed {} ({})", scenario.seed, scenario.summary());
+            let absent = ranks - (hi - lo);
+            let bound =
+                heal + scenario.config.heartbeat_interval * absent + scenario.net.max_latency() * 4;
+            for proc in lo..hi {
+                let Some((at, epoch)) = report.evicted[proc as usize] else {
+                    panic!("{replay}: minority proc {proc} never learned it was evicted\n{report}");
+                };
+                assert!(
+                    at >= heal && at <= bound,
+                    "{replay}: proc {proc} evicted at {at}, healed at {heal}, bound {bound}"
+                );
+                assert_eq!(epoch, chorus_protocol::Epoch(0), "{replay}");
+                assert_eq!(report.installed[proc as usize], 0, "{replay}");
+            }
+            for proc in (0..ranks).filter(|p| !(lo..hi).contains(p)) {
+                assert!(
+                    report.evicted[proc as usize].is_none(),
+                    "{replay}: majority proc {proc} evicted\n{report}"
+                );
+                assert_eq!(report.installed[proc as usize], 1, "{replay}: {report}");
+            }
+            assert_passed(scenario, &report);
+        }
+    }
+}
+
+/// Liveness across an epoch change: proc 1's commits arrive 1.5 deadlines late, so it
+/// installs the shrink long after the others. Meanwhile it keeps heartbeating at the old
+/// epoch, and the others at the new one: each side must count the other's frames of the
+/// neighbouring epoch as life (mapped through the commit, or the proposal it accepted),
+/// or the late member and its observers declare each other dead (a false death).
+#[test]
+fn a_member_that_installs_an_epoch_late_is_not_declared_dead() {
+    for seed in 0..6 {
+        let mut scenario = Scenario::quiet(2200 + seed, 5);
+        scenario.config =
+            chorus_control::Config::from_timing(Duration::from_millis(100), Duration::from_secs(1));
+        scenario.shrink = Some(Duration::from_millis(5));
+        scenario.faults.push(Fault {
+            at: secs(2.0),
+            proc: 4,
+            kind: FaultKind::Crash,
+        });
+        scenario.net.slow.push(sim::Slow {
+            to: 1,
+            kind: Kind::Commit,
+            extra: Duration::from_millis(1500),
+        });
+        scenario.end = secs(8.0);
+        let report = sim::run(scenario.clone());
+        let replay = format!("seed {} ({})", scenario.seed, scenario.summary());
+        for proc in 0..4 {
+            assert_eq!(
+                report.installed[proc as usize], 1,
+                "{replay}: proc {proc} is in the one shrink\n{report}"
+            );
+        }
+        assert_passed(scenario, &report);
+    }
+}

@@ -183,7 +183,7 @@ fn decide(
     out: &mut BytesMut,
 ) -> Result<(Established, Envelope), HandshakeError> {
     let hello = acceptor.handle(frame, out)?;
-    let rank: Rank = match admission(hello.comm, hello.epoch, hello.role) {
+    let rank: Rank = match admission(hello.comm, hello.epoch, hello.sender, hello.role) {
         Ok(rank) => rank,
         Err((code, detail)) => return Err(acceptor.reject(code, detail, out)),
     };

@@ -166,7 +166,7 @@ pub(crate) fn client_endpoint(id: &UniqueId, timeout: Duration) -> Result<QuicEn
         Error::new(ErrorKind::Transport, format!("{what}: {e}"))
     };
     let identity = Identity::generate().map_err(|e| transport("status certificate", e))?;
-    let refuse: Admission = Arc::new(|_, _, _| {
+    let refuse: Admission = Arc::new(|_, _, _, _| {
         Err((
             CloseCode::UNKNOWN_COMM,
             "a status client serves nothing".to_owned(),

@@ -15,6 +15,9 @@
 //!
 //! Environment (besides `CHORUS_*`):
 //! - `CT_JOIN`: a grow token; `Comm::join` instead of init.
+//! - `CT_DIE_BEFORE_INIT=R`: the rank whose rank variable is `R` does not join: it reports
+//!   `doomed`, waits (bounded by its lifetime) for the command `die`, then reports `died` and
+//!   exits with code 3 (a rank lost before the job has its peer table).
 //! - `CT_FORK_HOLDER=1`: fork a child that sleeps holding every descriptor, right after init
 //!   (seed 000).
 //! - `CT_ON_FAIL`: what the loop does after a failed operation: `shrink` (and keep looping),
@@ -61,6 +64,20 @@ fn main() {
         Some(path) => spawn_file_reader(path),
         None => spawn_stdin_reader(),
     };
+    if let Ok(doomed) = std::env::var("CT_DIE_BEFORE_INIT")
+        && ["CHORUS_RANK", "RANK", "SLURM_PROCID"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok())
+            .is_some_and(|r| r == doomed)
+    {
+        emit(json!({"ev": "doomed", "pid": std::process::id()}));
+        while commands
+            .recv_timeout(lifetime)
+            .is_ok_and(|c| c.trim() != "die")
+        {}
+        emit(json!({"ev": "died", "pid": std::process::id()}));
+        std::process::exit(3);
+    }
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => fail_exit("config", &e.to_string()),

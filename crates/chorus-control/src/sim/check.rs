@@ -237,6 +237,7 @@ pub(crate) fn finish(c: &Cluster) -> Report {
             .iter()
             .map(|v| v.last().map_or(0, |(e, _)| e.get()))
             .collect(),
+        evicted: r.faults.iter().map(|f| f.evicted).collect(),
     }
 }
 

@@ -80,6 +80,8 @@ pub struct Report {
     pub gave_up: Vec<GaveUp>,
     /// The last epoch each process installed, by process.
     pub installed: Vec<u64>,
+    /// When each process was evicted, and at which epoch, by process.
+    pub evicted: Vec<Option<(Instant, Epoch)>>,
 }
 
 impl Report {

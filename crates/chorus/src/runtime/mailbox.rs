@@ -40,8 +40,13 @@ pub(crate) enum LineageMsg {
     },
     /// A stream ended.
     ChannelDown { id: u64, error: LinkError },
-    /// An attempt to open a stream gave up.
-    ConnectFailed { peer: Rank, epoch: Epoch },
+    /// An attempt to open a stream gave up; `refused` is the acceptor's `Reject` code, if
+    /// it answered with one.
+    ConnectFailed {
+        peer: Rank,
+        epoch: Epoch,
+        refused: Option<CloseCode>,
+    },
     /// A peer's process on this host exited.
     Exited { peer: Rank, epoch: Epoch },
     /// How that exit ended the peer: `Some(code)` if its data link carried its departure

@@ -171,18 +171,18 @@ impl Session {
         let data_over_quic = config.transport == TransportChoice::Quic;
         let admission: chorus_transport::Admission = {
             let registry = registry.clone();
-            Arc::new(move |comm, epoch, role| match role {
+            Arc::new(move |comm, epoch, sender, role| match role {
                 Role::Data if !data_over_quic => Err((
                     CloseCode::PROTOCOL_VIOLATION,
                     "data streams go to the data listener".into(),
                 )),
-                role => registry.admit(comm, epoch, role),
+                role => registry.admit(comm, epoch, sender, role),
             })
         };
         let data_admission: chorus_transport::Admission = {
             let registry = registry.clone();
-            Arc::new(move |comm, epoch, role| match role {
-                Role::Data => registry.admit(comm, epoch, role),
+            Arc::new(move |comm, epoch, sender, role| match role {
+                Role::Data => registry.admit(comm, epoch, sender, role),
                 _ => Err((
                     CloseCode::PROTOCOL_VIOLATION,
                     "the data listener serves data streams only".into(),

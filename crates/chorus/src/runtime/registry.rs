@@ -29,6 +29,11 @@ use super::mailbox::{DataLink, LineageMsg};
 /// hold more than this many connections for epochs it has not set up yet.
 const MAX_PARKED: usize = 4096;
 
+/// How many past epochs' removed ranks a communicator remembers, to refuse their
+/// handshakes with `evicted` rather than `stale-epoch` (the control plane's commit history
+/// is as long).
+const FENCED_EPOCHS: usize = 8;
+
 #[derive(Default)]
 pub(crate) struct Registry {
     inner: Mutex<Inner>,
@@ -48,6 +53,8 @@ struct Inner {
 struct CommEntry {
     /// This member's rank at each epoch it serves.
     ranks: BTreeMap<Epoch, Rank>,
+    /// The ranks of each past epoch that the epoch after it removed (the newest few).
+    fenced: BTreeMap<Epoch, Vec<Rank>>,
     /// The control driver of the lineage this communicator belongs to.
     lineage: mpsc::UnboundedSender<LineageMsg>,
 }
@@ -68,10 +75,28 @@ impl Registry {
         let mut inner = self.lock();
         let entry = inner.comms.entry(comm).or_insert_with(|| CommEntry {
             ranks: BTreeMap::new(),
+            fenced: BTreeMap::new(),
             lineage: lineage.clone(),
         });
         entry.ranks.insert(epoch, rank);
         entry.lineage = lineage;
+    }
+
+    /// The epoch after `epoch` removed `removed` (ranks of `epoch`): a handshake of theirs
+    /// at `epoch` is refused with `evicted` from now on (SPEC 14), whether or not this
+    /// member still serves `epoch`.
+    pub(crate) fn fence(&self, comm: CommId, epoch: Epoch, removed: &[Rank]) {
+        let mut inner = self.lock();
+        let Some(entry) = inner.comms.get_mut(&comm) else {
+            return;
+        };
+        if removed.is_empty() {
+            return;
+        }
+        entry.fenced.insert(epoch, removed.to_vec());
+        while entry.fenced.len() > FENCED_EPOCHS {
+            entry.fenced.pop_first();
+        }
     }
 
     /// Stop serving `comm` at `epoch` (and drop what waits for it).
@@ -94,11 +119,13 @@ impl Registry {
             .retain(|(c, e, _), _| !(*c == comm && *e == epoch));
     }
 
-    /// The admission decision for an incoming connection (the transport's `Admission`).
+    /// The admission decision for an incoming connection from `sender` (the transport's
+    /// `Admission`).
     pub(crate) fn admit(
         &self,
         comm: CommId,
         epoch: Epoch,
+        sender: Rank,
         role: Role,
     ) -> Result<Rank, (CloseCode, String)> {
         let inner = self.lock();
@@ -108,6 +135,19 @@ impl Registry {
                 format!("{comm} is not served here"),
             ));
         };
+        if matches!(role, Role::Member | Role::Data)
+            && entry
+                .fenced
+                .get(&epoch)
+                .is_some_and(|r| r.contains(&sender))
+        {
+            // A rank the next epoch removed: tell it, so that a member cut off while the
+            // others agreed learns it is out once it reaches them (SPEC 5.3, 14).
+            return Err((
+                CloseCode::EVICTED,
+                format!("{sender} was removed from {comm} after {epoch}"),
+            ));
+        }
         match role {
             Role::Member | Role::Data => entry.ranks.get(&epoch).copied().ok_or_else(|| {
                 let newest = entry.ranks.keys().next_back().copied().unwrap_or_default();
@@ -273,6 +313,32 @@ mod tests {
         let (tx, _rx) = mpsc::unbounded_channel();
         r.serve(COMM, EPOCH, ME, tx);
         r
+    }
+
+    /// A rank the next epoch removed is refused with `evicted` at the old epoch, served or
+    /// retired; anyone else at a retired epoch with `stale-epoch`, as before.
+    #[test]
+    fn a_removed_ranks_handshake_at_its_old_epoch_is_refused_with_evicted() {
+        let r = registry();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        r.serve(COMM, Epoch(1), Rank(0), tx);
+        r.fence(COMM, EPOCH, &[Rank(3)]);
+        let code = |sender, epoch, role| r.admit(COMM, epoch, sender, role).map_err(|e| e.0);
+        assert_eq!(code(Rank(3), EPOCH, Role::Member), Err(CloseCode::EVICTED));
+        assert_eq!(code(Rank(3), EPOCH, Role::Data), Err(CloseCode::EVICTED));
+        assert_eq!(code(Rank(0), EPOCH, Role::Member), Ok(ME), "still served");
+        r.retire(COMM, EPOCH);
+        assert_eq!(code(Rank(3), EPOCH, Role::Member), Err(CloseCode::EVICTED));
+        assert_eq!(
+            code(Rank(0), EPOCH, Role::Member),
+            Err(CloseCode::STALE_EPOCH)
+        );
+        assert_eq!(code(Rank(0), Epoch(1), Role::Member), Ok(Rank(0)));
+        assert_eq!(
+            code(Rank(3), EPOCH, Role::Status),
+            Ok(Rank(0)),
+            "a status client is not a member"
+        );
     }
 
     /// This member's end of a link from `from` (for the registry), and the sender's end.

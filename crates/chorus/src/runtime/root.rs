@@ -214,34 +214,71 @@ pub(crate) async fn witness(
         .into_iter()
         .map(|i| members[i].clone())
         .collect();
-    let notice = Notice {
+    let notice = launcher_notice(rank, status);
+    let sends = targets.into_iter().map(|peer| {
+        send_witness(
+            quic.clone(),
+            comm,
+            socket_addr(&peer.control),
+            Fingerprint(peer.fingerprint),
+            peer.rank,
+            notice,
+        )
+    });
+    futures::future::join_all(sends).await;
+}
+
+/// Tells the bootstrap root at `root` that `rank` exited with `status` before the job had
+/// its peer table (a node launcher on another node; SPEC 8: the root then refuses every
+/// joiner with `aborted` at once instead of waiting out its deadline).
+pub(crate) async fn tell_root(
+    quic: QuicEndpoint,
+    comm: CommId,
+    root: SocketAddr,
+    fingerprint: Fingerprint,
+    rank: Rank,
+    status: i32,
+) {
+    let notice = launcher_notice(rank, status);
+    send_witness(quic, comm, root, fingerprint, Rank::NONE, notice).await;
+}
+
+fn launcher_notice(rank: Rank, status: i32) -> Notice {
+    Notice {
         origin: Rank::NONE,
         subject: rank,
         verdict: Verdict::Dead,
         evidence: Evidence::LauncherWitness { status },
         hops: 0,
-    };
-    let sends = targets.into_iter().map(|peer| {
-        let quic = quic.clone();
-        async move {
-            let route = Envelope::new(comm, Epoch(0), Rank::NONE);
-            let connect = quic.connect(
-                socket_addr(&peer.control),
-                Fingerprint(peer.fingerprint),
-                Role::Launcher,
-                route,
-                peer.rank,
-            );
-            let ch = tokio::time::timeout(Duration::from_secs(2), connect).await;
-            if let Ok(Ok(conn)) = ch {
-                let ch = conn.into_control();
-                let sent = ch.send(Message::Notice(notice));
-                let _ = tokio::time::timeout(Duration::from_secs(1), sent).await;
-                ch.close(CloseCode::NORMAL, "witness delivered");
+    }
+}
+
+/// One witness `notice` on a `Launcher` stream to `addr` (best effort, bounded: 2 s to
+/// connect, 1 s to send and see it arrive). A QUIC close discards stream data not yet
+/// delivered, so the stream is closed only once the receiver closed it (the root does,
+/// once it took the notice) or the second is up.
+async fn send_witness(
+    quic: QuicEndpoint,
+    comm: CommId,
+    addr: SocketAddr,
+    fingerprint: Fingerprint,
+    peer: Rank,
+    notice: Notice,
+) {
+    let route = Envelope::new(comm, Epoch(0), Rank::NONE);
+    let connect = quic.connect(addr, fingerprint, Role::Launcher, route, peer);
+    let ch = tokio::time::timeout(Duration::from_secs(2), connect).await;
+    if let Ok(Ok(conn)) = ch {
+        let ch = conn.into_control();
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            if ch.send(Message::Notice(notice)).await.is_ok() {
+                // Returns when the receiver closes (or sends, which it never does).
+                let _ = ch.recv().await;
             }
-        }
-    });
-    futures::future::join_all(sends).await;
+        })
+        .await;
+        ch.close(CloseCode::NORMAL, "witness delivered");
+    }
 }
 
 impl Drop for RootHost {
@@ -268,16 +305,17 @@ fn bind(
     let transport =
         |what: &str, e: TransportError| Error::new(ErrorKind::Transport, format!("{what}: {e}"));
     let identity = Identity::generate().map_err(|e| transport("root certificate", e))?;
-    // Only bootstrap streams of this communicator at epoch 0, and status clients of it, are
-    // admitted. Another role is one this endpoint does not serve (SPEC 5.2:
+    // Only bootstrap and launcher streams of this communicator at epoch 0, and status
+    // clients of it, are admitted. Another role is one this endpoint does not serve (SPEC 5.2:
     // `protocol-violation`); another communicator, or a later epoch, is not served here.
-    let admission: Admission = Arc::new(move |c, epoch, role| match role {
+    let admission: Admission = Arc::new(move |c, epoch, _, role| match role {
         _ if c != comm => Err((
             CloseCode::UNKNOWN_COMM,
             format!("this root bootstraps {comm} only"),
         )),
         Role::Status => Ok(Rank::NONE),
-        Role::Bootstrap if epoch == Epoch(0) => Ok(Rank::NONE),
+        // A node launcher on another node witnessing one of its ranks (SPEC 8).
+        Role::Bootstrap | Role::Launcher if epoch == Epoch(0) => Ok(Rank::NONE),
         Role::Bootstrap => Err((
             CloseCode::UNKNOWN_COMM,
             format!("this root bootstraps {comm} at epoch 0 only"),
@@ -306,6 +344,8 @@ fn bind(
 enum RootEvent {
     Join(u64, chorus_protocol::message::Join),
     Closed(u64),
+    /// A node launcher on another node witnessed one of its ranks exit.
+    Exited(Rank, i32),
 }
 
 /// Serves bootstrap streams until stopped.
@@ -341,6 +381,9 @@ async fn serve(
                 Ok(conn) if conn.role() == Role::Status => {
                     tokio::spawn(answer_status(conn.into_control(), world, members.clone()));
                 }
+                Ok(conn) if conn.role() == Role::Launcher => {
+                    tokio::spawn(take_witness(conn.into_control(), world, tx.clone()));
+                }
                 Ok(conn) => {
                     let id = next;
                     next += 1;
@@ -375,13 +418,12 @@ async fn serve(
                     rendezvous.handle_closed(id);
                     streams.remove(&id);
                 }
+                RootEvent::Exited(rank, status) => {
+                    exited(&mut rendezvous, &quic, comm, &members, rank, status);
+                }
             },
             Some((rank, status)) = exits.recv() => {
-                if rendezvous.outcome().is_none() {
-                    rendezvous.handle_exited(rank, status);
-                } else if let Some(table) = members.lock().clone() {
-                    tokio::spawn(witness(quic.clone(), comm, table, rank, status));
-                }
+                exited(&mut rendezvous, &quic, comm, &members, rank, status);
             }
             () = sleep => rendezvous.handle_timeout(clock.now()),
         }
@@ -406,6 +448,43 @@ async fn serve(
             store(&members, welcome);
         }
     }
+}
+
+/// A rank's process ended: before every rank joined, the rendezvous fails at once (that
+/// rank will never join); after, the rank's neighbours are told.
+fn exited(
+    rendezvous: &mut Rendezvous<u64>,
+    quic: &QuicEndpoint,
+    comm: CommId,
+    members: &Mutex<Option<Vec<PeerInfo>>>,
+    rank: Rank,
+    status: i32,
+) {
+    if rendezvous.outcome().is_none() {
+        rendezvous.handle_exited(rank, status);
+    } else if let Some(table) = members.lock().clone() {
+        tokio::spawn(witness(quic.clone(), comm, table, rank, status));
+    }
+}
+
+/// Reads a remote node launcher's witness (SPEC 4: one `Notice` with `origin` none and
+/// `LauncherWitness` evidence, about a rank of this world, per stream), hands it to the
+/// root and closes the stream, which tells the launcher it arrived; bounded by
+/// [`STATUS_IDLE`] of silence.
+async fn take_witness(ch: ControlChannel, world: u32, tx: mpsc::UnboundedSender<RootEvent>) {
+    if let Ok(Ok(frame)) = tokio::time::timeout(STATUS_IDLE, ch.recv()).await
+        && let Message::Notice(Notice {
+            origin: Rank::NONE,
+            subject,
+            verdict: Verdict::Dead,
+            evidence: Evidence::LauncherWitness { status },
+            ..
+        }) = frame.message
+        && subject.get() < world
+    {
+        let _ = tx.send(RootEvent::Exited(subject, status));
+    }
+    ch.close(CloseCode::NORMAL, "witness taken");
 }
 
 /// How long a status stream may stay silent before the root closes it.

@@ -5,7 +5,8 @@
 //!
 //! The launcher is the witness for its node's ranks only: it sends `LauncherWitness`
 //! notices to a rank's neighbours exactly as [`super::root::RootHost::witness_exit`] does,
-//! and nothing else. What to do when the root goes quiet is the launcher's decision; this
+//! and, for a rank that exits before the root has its table (it died before joining), to
+//! the root, which then fails the bootstrap at once; nothing else. What to do when the root goes quiet is the launcher's decision; this
 //! only reports when it last answered and why the last ask failed.
 
 use std::collections::VecDeque;
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use chorus_protocol::message::PeerInfo;
 use chorus_protocol::{CloseCode, Rank};
-use chorus_transport::QuicEndpoint;
+use chorus_transport::{Fingerprint, QuicEndpoint};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -113,8 +114,9 @@ impl RootLink {
     }
 
     /// Tells the job that `rank`'s process (one of this node's) exited with `status`
-    /// (negative: killed by that signal). Sent once the peer table is known, to up to three
-    /// of the rank's neighbours; best effort and bounded; it returns at once.
+    /// (negative: killed by that signal): at once to the root while the peer table is not
+    /// known yet, and once it is, to up to three of the rank's neighbours; best effort and
+    /// bounded; it returns at once.
     pub fn witness_exit(&self, rank: u32, status: i32) {
         let _ = self.exits.send((Rank(rank), status));
     }
@@ -148,7 +150,21 @@ async fn serve(
     loop {
         tokio::select! {
             _ = &mut stop => break,
-            Some(exit) = exits.recv() => pending.push_back(exit),
+            Some(exit) = exits.recv() => {
+                if seen.lock().members.is_none() {
+                    // Before every rank joined only the root can act on it: it refuses
+                    // every joiner at once instead of waiting out its deadline.
+                    tokio::spawn(super::root::tell_root(
+                        endpoint.clone(),
+                        id.comm,
+                        id.root,
+                        Fingerprint(id.fingerprint),
+                        exit.0,
+                        exit.1,
+                    ));
+                }
+                pending.push_back(exit);
+            }
             _ = tick.tick() => {
                 let deadline = Instant::now() + ASK_TIMEOUT;
                 // A stop does not wait for an ask to a master that went silent.

@@ -2,7 +2,8 @@
 //! node launcher per host, `chorus_tests::bed`), each figure over `--repeats` runs (default
 //! 20): from the fault to each rank's failed all-reduce, for a host that vanishes (link
 //! silenced, every process SIGKILLed), a frozen host (SIGSTOP), a partitioned host (both
-//! sides), and one-way loss (every rank, and the end of the agreement). Then the bad
+//! sides), and one-way loss (every rank, and the end of the agreement); and, for a healed
+//! partition, from the heal to each minority rank's shrink failing `evicted`. Then the bad
 //! network: 20 ms ± 5 ms delay and 1 % loss on every link (`tc netem`; without it, the
 //! clean network, said so) and an all-reduce loop of `--loop-minutes` (default 5) at the
 //! default heartbeat and deadline, counting false deaths. Needs root, `ip`, `nft`,
@@ -11,7 +12,7 @@
 //! ```sh
 //! cargo build -p chorus-cli -p chorus-tests --bins
 //! target/debug/chorus-figures hosts [--repeats 20] [--heartbeat 100ms] [--deadline 2s]
-//!                                   [--loop-minutes 5]
+//!                                   [--loop-minutes 5] [--only heal]
 //! ```
 
 use std::collections::BTreeSet;
@@ -31,6 +32,8 @@ struct Args {
     deadline: String,
     loop_minutes: f64,
     bin: PathBuf,
+    /// Run only the scenarios whose name contains this.
+    only: Option<String>,
 }
 
 /// The mode's entry: its own arguments after `hosts`.
@@ -44,7 +47,15 @@ pub(crate) fn main(argv: Vec<String>) {
         ("frozen host: survivors", Scenario::Freeze),
         ("partition: majority", Scenario::Partition),
         ("one-way loss: every rank", Scenario::OneWay),
+        ("healed partition: minority", Scenario::Heal),
     ] {
+        if args
+            .only
+            .as_ref()
+            .is_some_and(|o| !name.contains(o.as_str()))
+        {
+            continue;
+        }
         let mut samples = Vec::new();
         let mut extra = Vec::new();
         let mut runs = 0;
@@ -67,7 +78,7 @@ pub(crate) fn main(argv: Vec<String>) {
             }
         }
         failed_runs += failed;
-        let mut these = vec![(format!("{name}: fault to failed op (ms)"), samples)];
+        let mut these = vec![(format!("{name}: {} (ms)", scenario.measured()), samples)];
         if let Some(label) = scenario.extra() {
             these.push((format!("{label} (ms)"), extra));
         }
@@ -105,9 +116,18 @@ enum Scenario {
     Freeze,
     Partition,
     OneWay,
+    Heal,
 }
 
 impl Scenario {
+    /// What the first figure of a run measures.
+    fn measured(self) -> &'static str {
+        match self {
+            Scenario::Heal => "heal to evicted",
+            _ => "fault to failed op",
+        }
+    }
+
     /// The second figure a run yields, if any.
     fn extra(self) -> Option<&'static str> {
         match self {
@@ -119,7 +139,15 @@ impl Scenario {
 
     /// One run: `None` if the bed cannot be built (said on stderr).
     fn run(self, args: &Args) -> Option<(Vec<f64>, Vec<f64>)> {
-        let mut bed = start(args, &[("CT_START", "loop"), ("CT_ON_FAIL", "shrink")])?;
+        let minority = match self {
+            Scenario::Heal => vec![(2, "CT_ON_FAIL".to_owned(), "idle".to_owned())],
+            _ => Vec::new(),
+        };
+        let mut bed = start(
+            args,
+            &[("CT_START", "loop"), ("CT_ON_FAIL", "shrink")],
+            minority,
+        )?;
         let survivors = [0, 1, 2, 3];
         let (mut first, mut second) = (Vec::new(), Vec::new());
         match self {
@@ -159,13 +187,25 @@ impl Scenario {
                 assert_eq!(agreed.len(), 1, "one membership: {agreed:?}");
                 second.push(last);
             }
+            Scenario::Heal => {
+                bed.cut(2).unwrap();
+                for s in survivors {
+                    expect(&mut bed, s, &["shrunk"]);
+                }
+                bed.heal(2).unwrap();
+                let at = mono_ns();
+                for s in [4, 5] {
+                    first.push(evicted_after(&mut bed, s, at));
+                }
+            }
         }
         Some((first, second))
     }
 }
 
-/// A looping bed of 3 hosts × 2 ranks with `env`, or `None` when it cannot be built.
-fn start(args: &Args, env: &[(&str, &str)]) -> Option<Bed> {
+/// A looping bed of 3 hosts × 2 ranks with `env` (and `host_env` on one host), or `None`
+/// when it cannot be built.
+fn start(args: &Args, env: &[(&str, &str)], host_env: Vec<(usize, String, String)>) -> Option<Bed> {
     let mut bed = match Bed::new(3) {
         Ok(b) => b,
         Err(why) => {
@@ -183,7 +223,7 @@ fn start(args: &Args, env: &[(&str, &str)]) -> Option<Bed> {
     let job = BedJob {
         per_node: 2,
         env: all,
-        host_env: Vec::new(),
+        host_env,
         start_timeout: Duration::from_secs(60),
         rank: args.bin.clone(),
     };
@@ -203,6 +243,26 @@ fn expect(bed: &mut Bed, slot: usize, evs: &[&str]) -> chorus_tests::Event {
     match bed.wait_any(slot, evs, WAIT) {
         Some(e) => e,
         None => panic!("slot {slot}: no {evs:?}:{}", bed.diagnose()),
+    }
+}
+
+/// Asks healed minority rank `slot` to shrink until it answers `evicted` (until then
+/// `no-quorum`, at once); when that came, in ms after `at`.
+fn evicted_after(bed: &mut Bed, slot: usize, at: u64) -> f64 {
+    let until = Instant::now() + WAIT;
+    loop {
+        bed.send(slot, "shrink");
+        let e = expect(bed, slot, &["shrink-failed", "shrunk"]);
+        assert_eq!(
+            e.ev(),
+            "shrink-failed",
+            "a healed minority rank got in: {e}"
+        );
+        if e.kind() == "evicted" {
+            return ms_between(at, e.t());
+        }
+        assert!(Instant::now() < until, "slot {slot} never evicted: {e}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -280,6 +340,7 @@ fn parse(argv: Vec<String>) -> Args {
         deadline: "2s".into(),
         loop_minutes: 5.0,
         bin: rank_program(),
+        only: None,
     };
     let mut it = argv.into_iter();
     while let Some(a) = it.next() {
@@ -301,6 +362,7 @@ fn parse(argv: Vec<String>) -> Args {
                     .unwrap_or_else(|_| super::usage("--loop-minutes M"));
             }
             "--rank-program" => args.bin = PathBuf::from(value()),
+            "--only" => args.only = Some(value()),
             _ => super::usage(&format!("unknown argument {a}")),
         }
     }

@@ -34,6 +34,13 @@ pub(super) enum Action {
         epoch: Epoch,
         rank: Rank,
     },
+    /// Refuse handshakes at `epoch` from `removed` (ranks the next epoch dropped) with
+    /// `evicted`.
+    Fence {
+        comm: CommId,
+        epoch: Epoch,
+        removed: Vec<Rank>,
+    },
     /// Watch the same-host peers of `epoch`'s table (replacing older watches).
     Watch(Epoch),
 }

@@ -303,6 +303,7 @@ impl Channels {
             let envelope = chorus_protocol::Envelope::new(route.comm, epoch, route.me);
             let addr = socket_addr(&route.peer.control);
             let mut pause = Duration::from_millis(5);
+            let mut refused = None;
             loop {
                 let attempt = quic.connect(
                     addr,
@@ -328,12 +329,19 @@ impl Channels {
                     }
                     Ok(Err(e)) => {
                         tracing::debug!(%peer, %epoch, error = %e, "control stream not opened");
+                        // A member that removed this one refuses it with `evicted`: the
+                        // node must hear that (it is how a healed minority learns).
+                        refused = (e.code() == CloseCode::EVICTED).then_some(CloseCode::EVICTED);
                         break;
                     }
                     Err(_) => break,
                 }
             }
-            let _ = tx.send(LineageMsg::ConnectFailed { peer, epoch });
+            let _ = tx.send(LineageMsg::ConnectFailed {
+                peer,
+                epoch,
+                refused,
+            });
         });
     }
 

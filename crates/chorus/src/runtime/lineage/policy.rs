@@ -604,6 +604,17 @@ impl Policy {
             }
         };
         let epoch = agreed.epoch();
+        if !agreed.plan.removed().is_empty() {
+            self.actions.push_back(Action::Fence {
+                comm: self
+                    .comms
+                    .get(&agreed.previous)
+                    .copied()
+                    .unwrap_or(agreed.comm),
+                epoch: agreed.previous,
+                removed: agreed.plan.removed().to_vec(),
+            });
+        }
         self.actions.push_back(Action::Serve {
             comm: agreed.comm,
             epoch,

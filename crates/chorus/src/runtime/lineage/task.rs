@@ -140,7 +140,16 @@ impl LineageTask {
                 message,
             } => self.on_frame(id, peer, epoch, role, message),
             LineageMsg::ChannelDown { id, error } => self.on_channel_down(id, error),
-            LineageMsg::ConnectFailed { peer, epoch } => self.channels.connect_failed(peer, epoch),
+            LineageMsg::ConnectFailed {
+                peer,
+                epoch,
+                refused,
+            } => {
+                self.channels.connect_failed(peer, epoch);
+                if let Some(code) = refused {
+                    self.input(Input::ConnectionClosed { peer, epoch, code });
+                }
+            }
             LineageMsg::Exited { peer, epoch } => {
                 let link = self
                     .live_epochs()
@@ -404,6 +413,11 @@ impl LineageTask {
                     .registry
                     .serve(comm, epoch, rank, self.me.clone());
             }
+            Action::Fence {
+                comm,
+                epoch,
+                removed,
+            } => self.session.registry.fence(comm, epoch, &removed),
             Action::Watch(epoch) => self.watch(epoch),
         }
     }
