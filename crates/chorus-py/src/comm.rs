@@ -9,7 +9,7 @@ use std::time::Duration;
 use chorus::{Comm, RootHost, UniqueId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::done::Done;
 use crate::drive::Running;
@@ -18,7 +18,7 @@ use crate::queue::{Job, Queue};
 use crate::unique_id::PyUniqueId;
 use crate::wait;
 use crate::work::{self, Work};
-use crate::{config, error, view};
+use crate::{config, error, host, view};
 
 #[pyclass(frozen, module = "chorus._chorus", name = "Comm")]
 pub(crate) struct PyComm {
@@ -94,6 +94,41 @@ impl PyComm {
             done,
             comm: Arc::downgrade(comm),
             thread: self.queue.thread(),
+        })
+    }
+
+    /// Runs parsed operations and waits for them: inline when nothing submitted before is
+    /// unfinished, else through the queue (see `run`).
+    fn run_specs(
+        &self,
+        py: Python<'_>,
+        specs: Vec<op::Spec>,
+        group: bool,
+        keep: Py<PyAny>,
+        timeout: Option<Duration>,
+    ) -> PyResult<()> {
+        let comm = self.get()?;
+        if self.queue.is_own_thread() {
+            return Err(work::own_thread("a blocking collective"));
+        }
+        let weak = Arc::downgrade(&comm);
+        if let Some(_turn) = self.queue.inline() {
+            self.calls.inline.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: `keep` (held by this frame, as is `specs`) owns the memory every spec
+            // names until `running` is dropped inside `wait::run`; `op::parse` (or
+            // `Spec::checked`) checked the overlaps.
+            let running = unsafe { Running::start(&comm, &specs, group, timeout) };
+            let result = wait::run(py, running, || work::interrupt(&weak))?;
+            drop(keep);
+            return result.map_err(|e| error::to_py(py, &e));
+        }
+        let work = self.enqueue(&comm, specs, group, timeout, keep)?;
+        drop(comm);
+        let outcome = &work.done.outcome;
+        wait::wait(py, outcome, None, || work::interrupt(&weak))?;
+        outcome.with(|r| match r {
+            Some(Err(e)) => Err(error::to_py(py, e)),
+            _ => Ok(()),
         })
     }
 
@@ -183,29 +218,61 @@ impl PyComm {
     ) -> PyResult<()> {
         let timeout = timeout.map(|t| wait::seconds("timeout", t)).transpose()?;
         let specs = op::parse(ops)?;
-        let comm = self.get()?;
-        if self.queue.is_own_thread() {
-            return Err(work::own_thread("a blocking collective"));
-        }
-        let weak = Arc::downgrade(&comm);
-        if let Some(_turn) = self.queue.inline() {
-            self.calls.inline.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: `keep` (held by this frame, as is `specs`) owns the memory every spec
-            // names until `running` is dropped inside `wait::run`; `op::parse` checked the
-            // overlaps.
-            let running = unsafe { Running::start(&comm, &specs, group, timeout) };
-            let result = wait::run(py, running, || work::interrupt(&weak))?;
-            drop(keep);
-            return result.map_err(|e| error::to_py(py, &e));
-        }
-        let work = self.enqueue(&comm, specs, group, timeout, keep)?;
-        drop(comm);
-        let outcome = &work.done.outcome;
-        wait::wait(py, outcome, None, || work::interrupt(&weak))?;
-        outcome.with(|r| match r {
-            Some(Err(e)) => Err(error::to_py(py, e)),
-            _ => Ok(()),
-        })
+        self.run_specs(py, specs, group, keep, timeout)
+    }
+
+    /// The blocking, in-place (`out=None`) or out-of-place all-reduce of numpy arrays
+    /// with a plain reduction (`"sum"`, `"prod"`, `"min"`, `"max"`, `"avg"`), described
+    /// here in one call, as `run` runs it: True once it has run (or raises its error),
+    /// False when the arguments are anything else (another type, a dtype, layout or
+    /// reduction this path does not take, `out` unlike `a`), which the caller then
+    /// describes, checks and runs the general way.
+    fn all_reduce_now(
+        &self,
+        py: Python<'_>,
+        a: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        op: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let Ok(name) = op.cast::<PyString>() else {
+            return Ok(false);
+        };
+        let reduction = match &*name.to_cow()? {
+            name @ ("sum" | "prod" | "min" | "max" | "avg") => op::reduction(name, 0.0)?,
+            _ => return Ok(false),
+        };
+        let in_place = out.is_none();
+        let Some(send) = host::describe(a, in_place) else {
+            return Ok(false);
+        };
+        let recv = if in_place {
+            send
+        } else {
+            match host::describe(out, true) {
+                Some(r) if r.dtype == send.dtype && r.numel == send.numel => r,
+                _ => return Ok(false),
+            }
+        };
+        let raw = |h: host::Host| op::Raw {
+            addr: h.addr,
+            len: h.nbytes,
+        };
+        let spec = op::Spec::checked(op::Spec {
+            kind: op::Kind::AllReduce,
+            send: Some(raw(send)),
+            recv: Some(raw(recv)),
+            count: send.numel,
+            dtype: send.dtype,
+            reduction,
+            peer: 0,
+        })?;
+        let keep = if in_place {
+            a.clone().unbind()
+        } else {
+            PyTuple::new(py, [a, out])?.into_any().unbind()
+        };
+        self.run_specs(py, vec![spec], false, keep, None)?;
+        Ok(true)
     }
 
     /// How many blocking calls took the inline path and how many went through the queue
