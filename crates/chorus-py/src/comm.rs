@@ -14,10 +14,10 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use crate::done::Done;
 use crate::drive::Running;
 use crate::op::{self, OpTuple};
-use crate::queue::{Job, Queue};
+use crate::queue::{Claim, Job, Payload, Queue};
 use crate::unique_id::PyUniqueId;
 use crate::wait;
-use crate::work::{self, Work};
+use crate::work::{self, Steal, Work};
 use crate::{config, error, host, view};
 
 #[pyclass(frozen, module = "chorus._chorus", name = "Comm")]
@@ -29,14 +29,14 @@ pub(crate) struct PyComm {
     rank: u32,
     size: u32,
     epoch: u64,
-    /// The bound on `destroy`'s wait for queued operations (the config's teardown budget).
-    teardown: Duration,
+    /// The configuration's bounds this layer applies itself.
+    limits: Limits,
     /// The bootstrap root this process hosts for the job, if it made the `UniqueId`.
     _root: Option<Arc<RootHost>>,
 }
 
 impl PyComm {
-    fn new(comm: Comm, teardown: Duration, root: Option<Arc<RootHost>>) -> PyResult<PyComm> {
+    fn new(comm: Comm, limits: Limits, root: Option<Arc<RootHost>>) -> PyResult<PyComm> {
         let comm = Arc::new(comm);
         Ok(PyComm {
             rank: comm.rank(),
@@ -45,7 +45,7 @@ impl PyComm {
             queue: Queue::start(comm.clone())?,
             calls: Calls::default(),
             comm: Mutex::new(Some(comm)),
-            teardown,
+            limits,
             _root: root,
         })
     }
@@ -79,12 +79,15 @@ impl PyComm {
         keep: Py<PyAny>,
     ) -> PyResult<Work> {
         let done = Done::new();
-        let job = Job {
+        let claim: Claim = Arc::new(Mutex::new(Some(Payload {
             specs,
             group,
             timeout,
-            done: done.clone(),
             keep,
+        })));
+        let job = Job {
+            claim: claim.clone(),
+            done: done.clone(),
         };
         if self.queue.submit(job).is_err() {
             return Err(destroyed());
@@ -94,6 +97,11 @@ impl PyComm {
             done,
             comm: Arc::downgrade(comm),
             thread: self.queue.thread(),
+            steal: Some(Steal {
+                claim,
+                lane: self.queue.lane(),
+                op_timeout: self.limits.op_timeout,
+            }),
         })
     }
 
@@ -133,7 +141,7 @@ impl PyComm {
     }
 
     fn child(&self, comm: Comm) -> PyResult<PyComm> {
-        PyComm::new(comm, self.teardown, self._root.clone())
+        PyComm::new(comm, self.limits, self._root.clone())
     }
 }
 
@@ -153,14 +161,14 @@ impl PyComm {
         let config = config::resolve(config)?;
         let uid = uid.get();
         let (id, root) = (uid.id.clone(), uid.root.clone());
-        let teardown = config.teardown_budget;
+        let limits = Limits::of(&config);
         let comm = wait::call(
             py,
             || {},
             move || Comm::init_blocking(&id, rank, world, config),
         )?
         .map_err(|e| error::to_py(py, &e))?;
-        PyComm::new(comm, teardown, root)
+        PyComm::new(comm, limits, root)
     }
 
     /// `init` from the launch environment (`chorus run`, torchrun, Slurm, Open MPI).
@@ -168,10 +176,10 @@ impl PyComm {
     #[pyo3(signature = (**config))]
     fn from_env(py: Python<'_>, config: Option<&Bound<'_, PyDict>>) -> PyResult<PyComm> {
         let config = config::resolve(config)?;
-        let teardown = config.teardown_budget;
+        let limits = Limits::of(&config);
         let comm = wait::call(py, || {}, move || Comm::from_env_blocking(config))?
             .map_err(|e| error::to_py(py, &e))?;
-        PyComm::new(comm, teardown, None)
+        PyComm::new(comm, limits, None)
     }
 
     /// Joins a running communicator whose members call `grow`, with their `grow_token()`.
@@ -181,10 +189,10 @@ impl PyComm {
         let id =
             UniqueId::parse(token).map_err(|e| PyValueError::new_err(format!("token: {e}")))?;
         let config = config::resolve(config)?;
-        let teardown = config.teardown_budget;
+        let limits = Limits::of(&config);
         let comm = wait::call(py, || {}, move || Comm::join_blocking(&id, config))?
             .map_err(|e| error::to_py(py, &e))?;
-        PyComm::new(comm, teardown, None)
+        PyComm::new(comm, limits, None)
     }
 
     /// Queues operations (a list of op tuples; `group`: run them as one NCCL group) behind
@@ -284,6 +292,11 @@ impl PyComm {
         )
     }
 
+    /// How many queued operations their `Work.wait` ran on its own thread.
+    fn _stolen(&self) -> u64 {
+        self.queue.stolen()
+    }
+
     #[getter]
     fn rank(&self) -> u32 {
         self.rank
@@ -362,12 +375,12 @@ impl PyComm {
         };
         self.queue.close();
         let weak = Arc::downgrade(&comm);
-        let drained = wait::wait(py, &self.queue.exited, Some(self.teardown), || {
+        let drained = wait::wait(py, &self.queue.exited, Some(self.limits.teardown), || {
             work::interrupt(&weak)
         })?;
         if !drained {
             comm.abort("destroyed with operations still queued");
-            wait::wait(py, &self.queue.exited, Some(self.teardown), || {})?;
+            wait::wait(py, &self.queue.exited, Some(self.limits.teardown), || {})?;
         }
         match Arc::try_unwrap(comm) {
             Ok(comm) => wait::call(py, || {}, move || comm.destroy_blocking())?
@@ -378,6 +391,25 @@ impl PyComm {
                 shared.abort("destroyed while another call was using it");
                 Ok(())
             }
+        }
+    }
+}
+
+/// The configuration's bounds this layer applies itself.
+#[derive(Clone, Copy)]
+struct Limits {
+    /// The bound on `destroy`'s wait for queued operations (the teardown budget).
+    teardown: Duration,
+    /// The operation timeout: a `Work.wait` at least this long may run its operation
+    /// itself, as the operation ends within it anyway.
+    op_timeout: Duration,
+}
+
+impl Limits {
+    fn of(config: &chorus::Config) -> Limits {
+        Limits {
+            teardown: config.teardown_budget,
+            op_timeout: config.op_timeout,
         }
     }
 }
