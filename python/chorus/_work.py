@@ -2,7 +2,10 @@
 
 Operations run in the order they were submitted, one after another on the communicator's
 submission thread (as NCCL's run on a stream), whatever order their works are waited on.
-A ``Work`` dropped before its operation finished does not cancel it and costs the
+A ``wait()`` (with no timeout, or one at least the operation timeout) on the one unfinished
+operation, before the submission thread has started it, runs it on the waiting thread
+instead, which spares a blocking call made as submit-then-wait two thread wake-ups; the
+order is the same either way. A ``Work`` dropped before its operation finished does not cancel it and costs the
 communicator nothing: the operation runs to its end, the submission thread keeps the
 buffers alive until then (so dropping the arrays as well is safe), later operations queue
 behind it as usual, and a failure still shows in ``Comm.async_error()`` (and fails the

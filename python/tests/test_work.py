@@ -196,3 +196,49 @@ def test_dropping_an_unfinished_work_is_harmless():
     for r in (r0, r1):
         assert r["later_ok"], r
         assert r["freed"], f"the buffer of a finished operation was not released: {r}"
+
+
+STEAL = r'''
+comm = connect(op_timeout="60s")
+def stolen():
+    return comm._c._stolen()
+
+# 1. submit, then wait at once: the waiter may run the op itself (when the submission
+#    thread has not started it), and the results are the same either way
+before = stolen()
+ok = True
+for k in range(200):
+    a = np.full(8, float(RANK + k), np.float32)
+    comm.all_reduce(a, async_op=True).wait()
+    ok = ok and bool((a == 2 * k + 1).all())
+took = stolen() - before
+
+# 2. a wait shorter than the op timeout never runs the op on the waiter's thread
+before = stolen()
+for k in range(50):
+    a = np.full(8, float(RANK), np.float32)
+    assert comm.all_reduce(a, async_op=True).wait(5.0)
+    ok = ok and bool((a == 1).all())
+short_took = stolen() - before
+
+# 3. waiting on the last of several unfinished works: earlier ones end first, in order
+if RANK == 1:
+    time.sleep(0.3)
+bufs = [np.full(100 + k, float(RANK + k), np.float32) for k in range(3)]
+works = [comm.all_reduce(b, async_op=True) for b in bufs]
+works[-1].wait()
+earlier_done = all(w.is_completed() for w in works[:-1])
+order_ok = all(bool((b == 1 + 2 * k).all()) for k, b in enumerate(bufs))
+comm.barrier()
+comm.destroy()
+result(ok=ok, took=took, short_took=short_took, earlier_done=earlier_done, order_ok=order_ok)
+'''
+
+
+def test_a_waiter_runs_its_queued_op_itself_only_when_it_is_next():
+    for rank, r in enumerate(harness.run(STEAL, 2, timeout=90)):
+        assert r["ok"], (rank, r)
+        # the submission thread may win the race now and then, not every time
+        assert r["took"] >= 1, (rank, r)
+        assert r["short_took"] == 0, (rank, r)
+        assert r["earlier_done"] and r["order_ok"], (rank, r)

@@ -9,16 +9,16 @@ use std::time::Duration;
 use chorus::{Comm, RootHost, UniqueId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::done::Done;
 use crate::drive::Running;
 use crate::op::{self, OpTuple};
-use crate::queue::{Job, Queue};
+use crate::queue::{Claim, Job, Payload, Queue};
 use crate::unique_id::PyUniqueId;
 use crate::wait;
-use crate::work::{self, Work};
-use crate::{config, error, view};
+use crate::work::{self, Steal, Work};
+use crate::{config, error, host, view};
 
 #[pyclass(frozen, module = "chorus._chorus", name = "Comm")]
 pub(crate) struct PyComm {
@@ -29,14 +29,14 @@ pub(crate) struct PyComm {
     rank: u32,
     size: u32,
     epoch: u64,
-    /// The bound on `destroy`'s wait for queued operations (the config's teardown budget).
-    teardown: Duration,
+    /// The configuration's bounds this layer applies itself.
+    limits: Limits,
     /// The bootstrap root this process hosts for the job, if it made the `UniqueId`.
     _root: Option<Arc<RootHost>>,
 }
 
 impl PyComm {
-    fn new(comm: Comm, teardown: Duration, root: Option<Arc<RootHost>>) -> PyResult<PyComm> {
+    fn new(comm: Comm, limits: Limits, root: Option<Arc<RootHost>>) -> PyResult<PyComm> {
         let comm = Arc::new(comm);
         Ok(PyComm {
             rank: comm.rank(),
@@ -45,7 +45,7 @@ impl PyComm {
             queue: Queue::start(comm.clone())?,
             calls: Calls::default(),
             comm: Mutex::new(Some(comm)),
-            teardown,
+            limits,
             _root: root,
         })
     }
@@ -79,12 +79,15 @@ impl PyComm {
         keep: Py<PyAny>,
     ) -> PyResult<Work> {
         let done = Done::new();
-        let job = Job {
+        let claim: Claim = Arc::new(Mutex::new(Some(Payload {
             specs,
             group,
             timeout,
-            done: done.clone(),
             keep,
+        })));
+        let job = Job {
+            claim: claim.clone(),
+            done: done.clone(),
         };
         if self.queue.submit(job).is_err() {
             return Err(destroyed());
@@ -94,11 +97,51 @@ impl PyComm {
             done,
             comm: Arc::downgrade(comm),
             thread: self.queue.thread(),
+            steal: Some(Steal {
+                claim,
+                lane: self.queue.lane(),
+                op_timeout: self.limits.op_timeout,
+            }),
+        })
+    }
+
+    /// Runs parsed operations and waits for them: inline when nothing submitted before is
+    /// unfinished, else through the queue (see `run`).
+    fn run_specs(
+        &self,
+        py: Python<'_>,
+        specs: Vec<op::Spec>,
+        group: bool,
+        keep: Py<PyAny>,
+        timeout: Option<Duration>,
+    ) -> PyResult<()> {
+        let comm = self.get()?;
+        if self.queue.is_own_thread() {
+            return Err(work::own_thread("a blocking collective"));
+        }
+        let weak = Arc::downgrade(&comm);
+        if let Some(_turn) = self.queue.inline() {
+            self.calls.inline.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: `keep` (held by this frame, as is `specs`) owns the memory every spec
+            // names until `running` is dropped inside `wait::run`; `op::parse` (or
+            // `Spec::checked`) checked the overlaps.
+            let running = unsafe { Running::start(&comm, &specs, group, timeout) };
+            let result = wait::run(py, running, || work::interrupt(&weak))?;
+            drop(keep);
+            return result.map_err(|e| error::to_py(py, &e));
+        }
+        let work = self.enqueue(&comm, specs, group, timeout, keep)?;
+        drop(comm);
+        let outcome = &work.done.outcome;
+        wait::wait(py, outcome, None, || work::interrupt(&weak))?;
+        outcome.with(|r| match r {
+            Some(Err(e)) => Err(error::to_py(py, e)),
+            _ => Ok(()),
         })
     }
 
     fn child(&self, comm: Comm) -> PyResult<PyComm> {
-        PyComm::new(comm, self.teardown, self._root.clone())
+        PyComm::new(comm, self.limits, self._root.clone())
     }
 }
 
@@ -118,14 +161,14 @@ impl PyComm {
         let config = config::resolve(config)?;
         let uid = uid.get();
         let (id, root) = (uid.id.clone(), uid.root.clone());
-        let teardown = config.teardown_budget;
+        let limits = Limits::of(&config);
         let comm = wait::call(
             py,
             || {},
             move || Comm::init_blocking(&id, rank, world, config),
         )?
         .map_err(|e| error::to_py(py, &e))?;
-        PyComm::new(comm, teardown, root)
+        PyComm::new(comm, limits, root)
     }
 
     /// `init` from the launch environment (`chorus run`, torchrun, Slurm, Open MPI).
@@ -133,10 +176,10 @@ impl PyComm {
     #[pyo3(signature = (**config))]
     fn from_env(py: Python<'_>, config: Option<&Bound<'_, PyDict>>) -> PyResult<PyComm> {
         let config = config::resolve(config)?;
-        let teardown = config.teardown_budget;
+        let limits = Limits::of(&config);
         let comm = wait::call(py, || {}, move || Comm::from_env_blocking(config))?
             .map_err(|e| error::to_py(py, &e))?;
-        PyComm::new(comm, teardown, None)
+        PyComm::new(comm, limits, None)
     }
 
     /// Joins a running communicator whose members call `grow`, with their `grow_token()`.
@@ -146,10 +189,10 @@ impl PyComm {
         let id =
             UniqueId::parse(token).map_err(|e| PyValueError::new_err(format!("token: {e}")))?;
         let config = config::resolve(config)?;
-        let teardown = config.teardown_budget;
+        let limits = Limits::of(&config);
         let comm = wait::call(py, || {}, move || Comm::join_blocking(&id, config))?
             .map_err(|e| error::to_py(py, &e))?;
-        PyComm::new(comm, teardown, None)
+        PyComm::new(comm, limits, None)
     }
 
     /// Queues operations (a list of op tuples; `group`: run them as one NCCL group) behind
@@ -183,29 +226,61 @@ impl PyComm {
     ) -> PyResult<()> {
         let timeout = timeout.map(|t| wait::seconds("timeout", t)).transpose()?;
         let specs = op::parse(ops)?;
-        let comm = self.get()?;
-        if self.queue.is_own_thread() {
-            return Err(work::own_thread("a blocking collective"));
-        }
-        let weak = Arc::downgrade(&comm);
-        if let Some(_turn) = self.queue.inline() {
-            self.calls.inline.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: `keep` (held by this frame, as is `specs`) owns the memory every spec
-            // names until `running` is dropped inside `wait::run`; `op::parse` checked the
-            // overlaps.
-            let running = unsafe { Running::start(&comm, &specs, group, timeout) };
-            let result = wait::run(py, running, || work::interrupt(&weak))?;
-            drop(keep);
-            return result.map_err(|e| error::to_py(py, &e));
-        }
-        let work = self.enqueue(&comm, specs, group, timeout, keep)?;
-        drop(comm);
-        let outcome = &work.done.outcome;
-        wait::wait(py, outcome, None, || work::interrupt(&weak))?;
-        outcome.with(|r| match r {
-            Some(Err(e)) => Err(error::to_py(py, e)),
-            _ => Ok(()),
-        })
+        self.run_specs(py, specs, group, keep, timeout)
+    }
+
+    /// The blocking, in-place (`out=None`) or out-of-place all-reduce of numpy arrays
+    /// with a plain reduction (`"sum"`, `"prod"`, `"min"`, `"max"`, `"avg"`), described
+    /// here in one call, as `run` runs it: True once it has run (or raises its error),
+    /// False when the arguments are anything else (another type, a dtype, layout or
+    /// reduction this path does not take, `out` unlike `a`), which the caller then
+    /// describes, checks and runs the general way.
+    fn all_reduce_now(
+        &self,
+        py: Python<'_>,
+        a: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        op: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let Ok(name) = op.cast::<PyString>() else {
+            return Ok(false);
+        };
+        let reduction = match &*name.to_cow()? {
+            name @ ("sum" | "prod" | "min" | "max" | "avg") => op::reduction(name, 0.0)?,
+            _ => return Ok(false),
+        };
+        let in_place = out.is_none();
+        let Some(send) = host::describe(a, in_place) else {
+            return Ok(false);
+        };
+        let recv = if in_place {
+            send
+        } else {
+            match host::describe(out, true) {
+                Some(r) if r.dtype == send.dtype && r.numel == send.numel => r,
+                _ => return Ok(false),
+            }
+        };
+        let raw = |h: host::Host| op::Raw {
+            addr: h.addr,
+            len: h.nbytes,
+        };
+        let spec = op::Spec::checked(op::Spec {
+            kind: op::Kind::AllReduce,
+            send: Some(raw(send)),
+            recv: Some(raw(recv)),
+            count: send.numel,
+            dtype: send.dtype,
+            reduction,
+            peer: 0,
+        })?;
+        let keep = if in_place {
+            a.clone().unbind()
+        } else {
+            PyTuple::new(py, [a, out])?.into_any().unbind()
+        };
+        self.run_specs(py, vec![spec], false, keep, None)?;
+        Ok(true)
     }
 
     /// How many blocking calls took the inline path and how many went through the queue
@@ -215,6 +290,11 @@ impl PyComm {
             self.calls.inline.load(Ordering::Relaxed),
             self.calls.queued.load(Ordering::Relaxed),
         )
+    }
+
+    /// How many queued operations their `Work.wait` ran on its own thread.
+    fn _stolen(&self) -> u64 {
+        self.queue.stolen()
     }
 
     #[getter]
@@ -295,12 +375,12 @@ impl PyComm {
         };
         self.queue.close();
         let weak = Arc::downgrade(&comm);
-        let drained = wait::wait(py, &self.queue.exited, Some(self.teardown), || {
+        let drained = wait::wait(py, &self.queue.exited, Some(self.limits.teardown), || {
             work::interrupt(&weak)
         })?;
         if !drained {
             comm.abort("destroyed with operations still queued");
-            wait::wait(py, &self.queue.exited, Some(self.teardown), || {})?;
+            wait::wait(py, &self.queue.exited, Some(self.limits.teardown), || {})?;
         }
         match Arc::try_unwrap(comm) {
             Ok(comm) => wait::call(py, || {}, move || comm.destroy_blocking())?
@@ -311,6 +391,25 @@ impl PyComm {
                 shared.abort("destroyed while another call was using it");
                 Ok(())
             }
+        }
+    }
+}
+
+/// The configuration's bounds this layer applies itself.
+#[derive(Clone, Copy)]
+struct Limits {
+    /// The bound on `destroy`'s wait for queued operations (the teardown budget).
+    teardown: Duration,
+    /// The operation timeout: a `Work.wait` at least this long may run its operation
+    /// itself, as the operation ends within it anyway.
+    op_timeout: Duration,
+}
+
+impl Limits {
+    fn of(config: &chorus::Config) -> Limits {
+        Limits {
+            teardown: config.teardown_budget,
+            op_timeout: config.op_timeout,
         }
     }
 }

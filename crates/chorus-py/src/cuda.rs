@@ -122,6 +122,7 @@ impl PyCudaComm {
                 done,
                 comm: self.host.clone(),
                 thread: self.thread,
+                steal: None,
             }),
             _ => Err(error::to_py_destroyed()),
         }

@@ -27,6 +27,12 @@ impl Done {
     /// holding the GIL).
     pub(crate) fn set(&self, result: chorus::Result<()>) {
         self.outcome.set(result);
+        self.run_callbacks();
+    }
+
+    /// Runs the callbacks added so far (on this thread, holding the GIL); later ones run
+    /// as they are added. For the submission thread once the outcome is there.
+    pub(crate) fn run_callbacks(&self) {
         let callbacks = self.lock().take().unwrap_or_default();
         if callbacks.is_empty() {
             return;

@@ -18,6 +18,7 @@ mod cuda;
 mod done;
 mod drive;
 mod error;
+mod host;
 mod op;
 mod order;
 mod queue;

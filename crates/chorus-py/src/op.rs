@@ -100,7 +100,7 @@ pub(crate) fn parse(tuples: Vec<OpTuple>) -> PyResult<Vec<Spec>> {
 
 impl Spec {
     fn parse(t: OpTuple) -> PyResult<Spec> {
-        let OpTuple(name, send, recv, count, dtype, reduction, factor, peer) = t;
+        let OpTuple(name, send, recv, count, dtype, red, factor, peer) = t;
         let kind = match name.as_str() {
             "all_reduce" => Kind::AllReduce,
             "reduce" => Kind::Reduce,
@@ -121,22 +121,23 @@ impl Spec {
         };
         let dtype = DType::from_code(dtype)
             .ok_or_else(|| PyValueError::new_err(format!("unknown dtype code {dtype}")))?;
-        let reduction = match reduction.as_str() {
-            "sum" => Reduction::Sum,
-            "prod" => Reduction::Prod,
-            "min" => Reduction::Min,
-            "max" => Reduction::Max,
-            "avg" => Reduction::Avg,
-            "premulsum" if factor.is_finite() => Reduction::PreMulSum(factor),
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "op: expected \"sum\", \"prod\", \"min\", \"max\", \"avg\" or \
-                     chorus.PreMulSum(factor) with a finite factor, got {reduction:?}"
-                )));
-            }
-        };
+        let reduction = reduction(&red, factor)?;
         let raw = |r: Option<(usize, usize)>| r.map(|(addr, len)| Raw { addr, len });
-        let (send, recv) = (raw(send), raw(recv));
+        Spec::checked(Spec {
+            kind,
+            send: raw(send),
+            recv: raw(recv),
+            count,
+            dtype,
+            reduction,
+            peer,
+        })
+    }
+
+    /// `spec`, once its memory is valid and its input and output either the same range
+    /// or apart.
+    pub(crate) fn checked(spec: Spec) -> PyResult<Spec> {
+        let (send, recv) = (spec.send, spec.recv);
         for r in send.iter().chain(recv.iter()) {
             if r.len > 0 && (r.addr == 0 || r.addr.checked_add(r.len).is_none()) {
                 return Err(PyValueError::new_err("buffer: expected valid memory"));
@@ -150,15 +151,7 @@ impl Spec {
                 "out: expected memory separate from the input, or the input itself for in place",
             ));
         }
-        Ok(Spec {
-            kind,
-            send,
-            recv,
-            count,
-            dtype,
-            reduction,
-            peer,
-        })
+        Ok(spec)
     }
 
     /// The operation over the caller's memory.
@@ -261,6 +254,24 @@ impl Spec {
             Kind::Barrier => Op::Barrier,
         }
     }
+}
+
+/// The reduction a name (and, for `premulsum`, a finite factor) stands for.
+pub(crate) fn reduction(name: &str, factor: f64) -> PyResult<Reduction> {
+    Ok(match name {
+        "sum" => Reduction::Sum,
+        "prod" => Reduction::Prod,
+        "min" => Reduction::Min,
+        "max" => Reduction::Max,
+        "avg" => Reduction::Avg,
+        "premulsum" if factor.is_finite() => Reduction::PreMulSum(factor),
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "op: expected \"sum\", \"prod\", \"min\", \"max\", \"avg\" or \
+                 chorus.PreMulSum(factor) with a finite factor, got {name:?}"
+            )));
+        }
+    })
 }
 
 /// # Safety

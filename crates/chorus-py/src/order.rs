@@ -47,6 +47,14 @@ impl Order {
         !self.inline
     }
 
+    /// Whether a caller waiting for a queued job may take it and run it on its own thread:
+    /// only when it is the one unfinished job (jobs finish in order, so an unfinished
+    /// job alone in the count is the head of the queue) and no blocking call runs inline.
+    /// The job still counts as queued until it has finished, so nothing overtakes it.
+    pub(crate) fn may_steal(&self) -> bool {
+        self.queued == 1 && !self.inline
+    }
+
     /// A queued job has finished (or was never handed over).
     pub(crate) fn job_done(&mut self) {
         self.queued = self.queued.saturating_sub(1);
@@ -93,6 +101,35 @@ mod tests {
         );
         o.job_done();
         assert!(o.try_inline());
+    }
+
+    #[test]
+    fn only_the_one_unfinished_job_may_be_stolen() {
+        let mut o = Order::default();
+        assert!(!o.may_steal(), "nothing queued");
+        o.queued();
+        assert!(o.may_steal(), "the head of the queue, nothing before it");
+        o.queued();
+        assert!(
+            !o.may_steal(),
+            "two unfinished: the waited one may not be the head"
+        );
+        o.job_done();
+        assert!(o.may_steal());
+        assert!(
+            !o.try_inline(),
+            "a blocking call still queues behind a stolen job"
+        );
+    }
+
+    #[test]
+    fn no_steal_while_a_call_runs_inline() {
+        let mut o = Order::default();
+        assert!(o.try_inline());
+        o.queued();
+        assert!(!o.may_steal(), "it would run beside the inline call");
+        o.inline_done();
+        assert!(o.may_steal());
     }
 
     #[test]

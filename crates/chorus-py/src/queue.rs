@@ -5,8 +5,11 @@
 //!
 //! A blocking call made while nothing is queued or running skips the queue and runs on its
 //! caller's thread instead ([`Queue::inline`]); [`Order`] is what keeps both paths in
-//! call order.
+//! call order. A caller that waits for the one unfinished job before the submission thread
+//! has started it takes it and runs it itself ([`Lane::steal`]): torch's blocking
+//! collectives submit, then wait at once, and would otherwise pay two thread wake-ups.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::ThreadId;
 use std::time::Duration;
@@ -22,15 +25,24 @@ use crate::order::Order;
 use crate::wait::Slot;
 
 /// One submission: an operation or a group, and the objects owning its memory.
-pub(crate) struct Job {
+pub(crate) struct Payload {
     pub(crate) specs: Vec<Spec>,
     pub(crate) group: bool,
     pub(crate) timeout: Option<Duration>,
-    pub(crate) done: Arc<Done>,
     /// The Python objects that own the memory `specs` name, held until the operation has
     /// finished whatever happens to the `Work` (dropped here without the GIL, the
     /// reference count falls the next time the interpreter runs).
     pub(crate) keep: Py<PyAny>,
+}
+
+/// A submission's payload until whoever runs it (the submission thread, or a waiter
+/// through [`Lane::steal`]) takes it.
+pub(crate) type Claim = Arc<Mutex<Option<Payload>>>;
+
+/// What travels to the submission thread.
+pub(crate) struct Job {
+    pub(crate) claim: Claim,
+    pub(crate) done: Arc<Done>,
 }
 
 /// The submission side of the thread.
@@ -43,9 +55,11 @@ pub(crate) struct Queue {
 }
 
 /// [`Order`] under a lock, with the condition the submission thread waits on.
-struct Lane {
+pub(crate) struct Lane {
     order: Mutex<Order>,
     turn: Condvar,
+    /// Jobs a waiter ran itself, for tests and benchmarks.
+    stolen: AtomicU64,
 }
 
 impl Lane {
@@ -53,6 +67,34 @@ impl Lane {
         // Every critical section is a counter update: a poisoned lock is still consistent.
         self.order.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The payload of the job `claim` belongs to, for a waiter to run on its own thread,
+    /// when the submission thread has not taken it yet and it may run now (see
+    /// [`Order::may_steal`]). The waiter then runs it and calls [`Lane::stolen_done`].
+    pub(crate) fn steal(&self, claim: &Claim) -> Option<Payload> {
+        let order = self.lock();
+        if !order.may_steal() {
+            return None;
+        }
+        let payload = take(claim);
+        drop(order);
+        if payload.is_some() {
+            self.stolen.fetch_add(1, Ordering::Relaxed);
+        }
+        payload
+    }
+
+    /// A stolen job has finished: what [`run`] does after running one, but for the done
+    /// callbacks, which the submission thread runs as for any job.
+    pub(crate) fn stolen_done(&self, done: &Done, result: chorus::Result<()>) {
+        self.lock().job_done();
+        done.outcome.set(result);
+    }
+}
+
+fn take(claim: &Claim) -> Option<Payload> {
+    // A single take: a poisoned lock still holds a consistent value.
+    claim.lock().unwrap_or_else(|e| e.into_inner()).take()
 }
 
 /// The turn of a blocking call running on its caller's thread; given back on drop.
@@ -73,6 +115,7 @@ impl Queue {
         let lane = Arc::new(Lane {
             order: Mutex::new(Order::default()),
             turn: Condvar::new(),
+            stolen: AtomicU64::new(0),
         });
         let (thread_exited, thread_lane) = (exited.clone(), lane.clone());
         let handle = std::thread::Builder::new()
@@ -131,21 +174,25 @@ impl Queue {
         self.thread
     }
 
+    /// How many jobs waiters ran themselves.
+    pub(crate) fn stolen(&self) -> u64 {
+        self.lane.stolen.load(Ordering::Relaxed)
+    }
+
+    /// The order both paths keep (for a `Work` to steal its job).
+    pub(crate) fn lane(&self) -> Arc<Lane> {
+        self.lane.clone()
+    }
+
     /// Accepts no more jobs: the thread runs what is queued, then exits.
     pub(crate) fn close(&self) {
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
-/// Runs one job once no inline call holds the turn.
+/// Runs one job once no inline call holds the turn, unless a waiter took it.
 fn run(comm: &Comm, lane: &Lane, job: Job) {
-    let Job {
-        specs,
-        group,
-        timeout,
-        done,
-        keep,
-    } = job;
+    let Job { claim, done } = job;
     {
         let mut order = lane.lock();
         // Bounded: the inline call holding the turn is a chorus operation, which ends by
@@ -154,6 +201,20 @@ fn run(comm: &Comm, lane: &Lane, job: Job) {
             order = lane.turn.wait(order).unwrap_or_else(|e| e.into_inner());
         }
     }
+    let Some(Payload {
+        specs,
+        group,
+        timeout,
+        keep,
+    }) = take(&claim)
+    else {
+        // A waiter took it and runs it on its thread: the next job starts after it ends
+        // and its callbacks have run here. Bounded as above: it is a chorus operation,
+        // run to its end by that waiter.
+        done.outcome.wait_until(None);
+        done.run_callbacks();
+        return;
+    };
     // SAFETY: `keep` holds the objects owning the memory of every spec until after the
     // operation has finished (it is dropped below); `op::parse` checked the overlaps.
     let result = unsafe { Running::start(comm, &specs, group, timeout) }.finish();

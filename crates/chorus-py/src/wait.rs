@@ -50,17 +50,24 @@ impl<T> Slot<T> {
         self.lock().take()
     }
 
-    /// Blocks until the value is set or `until` passes; true when set.
-    fn wait_until(&self, until: Instant) -> bool {
+    /// Blocks until the value is set or `until` passes (`None`: until it is set); true
+    /// when set.
+    pub(crate) fn wait_until(&self, until: impl Into<Option<Instant>>) -> bool {
+        let until = until.into();
         let mut slot = self.lock();
         while slot.is_none() {
-            let now = Instant::now();
-            if now >= until {
-                return false;
-            }
-            slot = match self.ready.wait_timeout(slot, until - now) {
-                Ok((guard, _)) => guard,
-                Err(poisoned) => poisoned.into_inner().0,
+            slot = match until {
+                None => self.ready.wait(slot).unwrap_or_else(|e| e.into_inner()),
+                Some(until) => {
+                    let now = Instant::now();
+                    if now >= until {
+                        return false;
+                    }
+                    match self.ready.wait_timeout(slot, until - now) {
+                        Ok((guard, _)) => guard,
+                        Err(poisoned) => poisoned.into_inner().0,
+                    }
+                }
             };
         }
         true

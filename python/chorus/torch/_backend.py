@@ -232,8 +232,7 @@ class ChorusGroup(TorchHooks):
             t = tensors[0]
             r = _ops.reducible(check_tensor(t, "tensors[0]"), red, "tensors[0]")
             rr = r.red  # bool tensors reduce as bytes, with max or min
-            op = chorus.PreMulSum(rr.factor) if rr.name == "premulsum" else rr.name
-            work = self._comm.all_reduce(r.tensor, op=op, async_op=True)
+            work = _link.all_reduce(self._comm, r.tensor, r.dtype, rr.name, rr.factor)
             call = _Call(self, "all_reduce", work, tensors, None, self._deadline())
             self._last = call
             return Work([call])

@@ -1,0 +1,127 @@
+"""The blocking all-reduce's fast path (``_chorus.Comm.all_reduce_now``): the extension
+describes numpy arrays itself, through ``__array_struct__``, and takes exactly the arrays
+the general path would take without a copy; it declines everything else (returns False,
+running nothing), which the general path then takes or refuses with its own message. A
+one-rank communicator is enough: what is decided here happens before any peer."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import chorus
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+@pytest.fixture(scope="module")
+def comm():
+    uid = chorus.UniqueId.new(1)
+    c = chorus.Comm(uid, 0, 1)
+    yield c
+    c.destroy()
+
+
+def now(comm, a, out=None, op="sum"):
+    return comm._c.all_reduce_now(a, out, op)
+
+
+@pytest.mark.parametrize(
+    "dtype", ["float16", "float32", "float64", "int8", "uint8", "int32", "uint32", "int64", "uint64"]
+)
+def test_takes_every_native_dtype(comm, dtype):
+    a = np.arange(6, dtype=dtype).reshape(2, 3)
+    assert now(comm, a)
+    out = np.zeros_like(a)
+    assert now(comm, a, out)
+    assert (out == a).all()
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg"])
+def test_takes_every_plain_reduction(comm, op):
+    a = np.full(4, 3.0, np.float32)
+    assert now(comm, a, op=op)
+    assert (a == 3.0).all()
+
+
+def test_takes_views_and_empty_arrays(comm):
+    whole = np.arange(8, dtype=np.float32)
+    assert now(comm, whole[2:5])
+    assert now(comm, np.zeros(0, np.float32))
+    assert now(comm, np.zeros((3, 0), np.float64), np.zeros((3, 0), np.float64))
+    assert now(comm, np.ones((), np.float32))  # 0-d
+
+
+def test_takes_a_read_only_input_out_of_place(comm):
+    ro = np.ones(4, np.float32)
+    ro.setflags(write=False)
+    out = np.zeros(4, np.float32)
+    assert now(comm, ro, out)
+    assert (out == 1.0).all()
+
+
+class Sub(np.ndarray):
+    pass
+
+
+def declined():
+    ro = np.zeros(4, np.float32)
+    ro.setflags(write=False)
+    cases = {
+        "list": ([1.0, 2.0], None, "sum"),
+        "bytearray": (bytearray(8), None, "sum"),
+        "strided": (np.zeros(8, np.float32)[::2], None, "sum"),
+        "fortran": (np.zeros((3, 2), np.float32, order="F"), None, "sum"),
+        "big-endian": (np.zeros(4, ">f4"), None, "sum"),
+        "bool": (np.zeros(4, bool), None, "sum"),
+        "int16": (np.zeros(4, np.int16), None, "sum"),
+        "complex": (np.zeros(4, np.complex64), None, "sum"),
+        "read-only in place": (ro, None, "sum"),
+        "read-only out": (np.zeros(4, np.float32), ro, "sum"),
+        "out of another dtype": (np.zeros(4, np.float32), np.zeros(4, np.float64), "sum"),
+        "out of another size": (np.zeros(4, np.float32), np.zeros(5, np.float32), "sum"),
+        "out a list": (np.zeros(4, np.float32), [0.0] * 4, "sum"),
+        "a subclass": (np.zeros(4, np.float32).view(Sub), None, "sum"),
+        "premulsum": (np.zeros(4, np.float32), None, chorus.PreMulSum(2.0)),
+        "unknown op": (np.zeros(4, np.float32), None, "band"),
+        "op not a str": (np.zeros(4, np.float32), None, 1),
+    }
+    return cases
+
+
+@pytest.mark.parametrize("case", sorted(declined()))
+def test_declines_what_the_general_path_decides(comm, case):
+    a, out, op = declined()[case]
+    before = comm._c._calls()
+    assert now(comm, a, out, op) is False
+    assert comm._c._calls() == before, "a declined call runs nothing"
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+def test_declines_torch_tensors(comm):
+    import torch
+
+    assert now(comm, torch.zeros(4)) is False
+
+
+def test_overlapping_out_is_refused_as_on_the_general_path(comm):
+    whole = np.zeros(8, np.float32)
+    with pytest.raises(ValueError, match=r"^out: expected memory separate from the input"):
+        now(comm, whole[:4], whole[2:6])
+    with pytest.raises(ValueError, match=r"^out: expected memory separate from the input"):
+        comm.all_reduce(whole[:4], out=whole[2:6])
+
+
+def test_comm_all_reduce_takes_it_for_numpy_and_runs_inline(comm):
+    a = np.ones(4, np.float32)
+    inline, queued = comm._c._calls()
+    comm.all_reduce(a)
+    comm.all_reduce(a, out=np.empty_like(a), op="max")
+    assert comm._c._calls() == (inline + 2, queued)
+
+
+def test_a_destroyed_comm_raises_destroyed():
+    c = chorus.Comm(chorus.UniqueId.new(1), 0, 1)
+    c.destroy()
+    with pytest.raises(chorus.Destroyed):
+        c.all_reduce(np.zeros(4, np.float32))
