@@ -154,11 +154,6 @@ impl Agreement {
     }
 
     /// Joiners admitted here and not yet in a committed epoch.
-    /// The last proposal this member accepted at its epoch, if any.
-    pub(crate) fn accepted(&self) -> Option<&Proposal> {
-        self.accepted.as_ref().map(|(_, p)| p)
-    }
-
     pub(crate) fn pending_joiners(&self) -> &[PeerInfo] {
         &self.joiners
     }

@@ -340,7 +340,6 @@ impl Node {
         let current = self.view.epoch();
         if frame.epoch < current {
             self.stats.stale += 1;
-            self.life_across_epochs(&frame, now);
             self.on_stale(&frame, now);
             return Err(InputError::StaleEpoch {
                 frame: frame.epoch,
@@ -349,7 +348,6 @@ impl Node {
         }
         if frame.epoch > current {
             self.stats.future += 1;
-            self.life_across_epochs(&frame, now);
             return Err(InputError::FutureEpoch {
                 frame: frame.epoch,
                 current,
@@ -686,44 +684,6 @@ impl Node {
         }
         self.stats.catch_ups += 1;
         self.send(frame.from, frame.epoch, Message::Commit(commit));
-    }
-
-    /// A frame of the epoch just before or just after this member's is refused, but it is
-    /// a sign of life all the same: around a shrink, members install the new epoch one by
-    /// one, and a member that installs late heartbeats at the old epoch meanwhile while the
-    /// others heartbeat at the new one. Not counting those frames declared a live member
-    /// dead when its commit came late (a false death). The sender is mapped to this
-    /// epoch's numbering through the commit that installed it (a frame of the old epoch),
-    /// or through the proposal this member accepted (a frame of the next epoch, whose
-    /// commit has not arrived; a higher ballot re-proposes a chosen value, so it is that
-    /// value unless none was chosen yet, and then the commit corrects the view).
-    fn life_across_epochs(&mut self, frame: &Received, now: Instant) {
-        let current = self.view.epoch();
-        let mapped = if frame.epoch.get().checked_add(1) == Some(current.get()) {
-            self.history
-                .iter()
-                .find(|(c, _, _)| c.proposal.epoch == current)
-                .and_then(|(c, old_world, _)| {
-                    Plan::from_proposal(*old_world, frame.epoch, &c.proposal).ok()
-                })
-                .and_then(|plan| plan.new_rank(frame.from))
-        } else if current.get().checked_add(1) == Some(frame.epoch.get()) {
-            self.agreement
-                .accepted()
-                .filter(|p| p.epoch == frame.epoch)
-                .and_then(|p| Plan::from_proposal(self.view.world(), current, p).ok())
-                .and_then(|plan| plan.old_rank(frame.from))
-        } else {
-            None
-        };
-        let Some(rank) = mapped else { return };
-        if rank == self.view.rank()
-            || rank.get() >= self.view.world()
-            || self.ledger.is_absent(rank)
-        {
-            return;
-        }
-        self.heard(rank, now);
     }
 
     /// A frame from a member this one holds dead: tell it (it may have been frozen).

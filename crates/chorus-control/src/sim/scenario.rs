@@ -74,7 +74,6 @@ impl Scenario {
             loss: 0.0,
             partitions: Vec::new(),
             drop: Vec::new(),
-            slow: Vec::new(),
         };
         Scenario {
             seed,
