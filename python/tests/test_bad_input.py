@@ -13,14 +13,6 @@ import chorus
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
-@pytest.fixture(scope="module")
-def comm():
-    uid = chorus.UniqueId.new(1)
-    c = chorus.Comm(uid, 0, 1)
-    yield c
-    c.destroy()
-
-
 def test_non_contiguous(comm):
     a = np.zeros((4, 4), np.float32)[:, ::2]
     with pytest.raises(ValueError, match=r"^a: expected a C-contiguous array"):

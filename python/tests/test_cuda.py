@@ -23,14 +23,6 @@ def skip(why):
     pytest.skip(why)
 
 
-@pytest.fixture(scope="module")
-def comm():
-    uid = chorus.UniqueId.new(1)
-    c = chorus.Comm(uid, 0, 1)
-    yield c
-    c.destroy()
-
-
 class FakeCai:
     """A device array as CuPy or Numba describe one (the address is never dereferenced)."""
 

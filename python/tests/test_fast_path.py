@@ -14,14 +14,6 @@ import chorus
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
-@pytest.fixture(scope="module")
-def comm():
-    uid = chorus.UniqueId.new(1)
-    c = chorus.Comm(uid, 0, 1)
-    yield c
-    c.destroy()
-
-
 def now(comm, a, out=None, op="sum"):
     return comm._c.all_reduce_now(a, out, op)
 
