@@ -4,7 +4,8 @@
 //! - [`job`]: starts a job of `chorus-test-rank` processes around a bootstrap root hosted in
 //!   the calling process, reads their JSON-line reports with deadlines, injects faults
 //!   (signals), and always reaps every process it started, forked grandchildren included.
-//! - [`reap`]: the process-group bookkeeping behind that promise (test 9).
+//! - [`reap`]: the process-group bookkeeping behind that promise (test 9), and [`busy`]:
+//!   the busy job its tests (and the `chorus-test-harness` process they kill) start.
 //! - [`probe`]: clients that send bad input to a job's listening ports; [`mutate`]: the
 //!   seeded mutation engine of hostile first frames and the spec's answer to each, and
 //!   [`attack`]: the stream of them at a running job (test and figures).
@@ -17,6 +18,7 @@
 
 pub mod attack;
 pub mod bed;
+pub mod busy;
 pub mod clock;
 pub mod cut;
 pub mod event;

@@ -10,29 +10,15 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chorus_tests::{Job, JobSpec, reap};
+use chorus_tests::busy::{self, WAIT};
+use chorus_tests::{Job, reap};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_chorus-test-rank"))
 }
 
-const WAIT: Duration = Duration::from_secs(20);
-
-/// A job in every state a test can leave it in: looping, one rank stopped, every rank with
-/// a forked child holding its descriptors.
 fn busy_job() -> Job {
-    let mut job = Job::start(
-        bin(),
-        JobSpec::new(3)
-            .env("CT_FORK_HOLDER", "1")
-            .env("CT_START", "loop"),
-    );
-    for s in 0..3 {
-        job.wait_for(s, "forked", WAIT);
-        job.wait_for(s, "looping", WAIT);
-    }
-    job.signal(1, libc::SIGSTOP);
-    job
+    busy::busy_job(bin())
 }
 
 /// Waits (bounded) until no process of `pgids` is left, reaping the orphans that became
@@ -91,15 +77,8 @@ fn t9_a_test_that_panics_mid_job_leaves_nothing_behind() {
 #[test]
 fn t9_ranks_and_holders_die_with_a_killed_harness() {
     reap::become_subreaper();
-    let exe = std::env::current_exe().unwrap();
-    let mut harness = Command::new(exe)
-        .args([
-            "--exact",
-            "harness_child_process",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("CT_HARNESS_CHILD", "1")
+    let mut harness = Command::new(env!("CARGO_BIN_EXE_chorus-test-harness"))
+        .arg(bin())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -132,22 +111,4 @@ fn t9_ranks_and_holders_die_with_a_killed_harness() {
         gone_by_themselves(&pgids, WAIT);
     }
     assert_eq!(left, vec![], "processes outlived their killed harness");
-}
-
-/// Not a test on its own: the harness process `t9_ranks_and_holders_die_with_a_killed_harness`
-/// starts and kills.
-#[test]
-#[ignore = "run by t9_ranks_and_holders_die_with_a_killed_harness"]
-fn harness_child_process() {
-    if std::env::var_os("CT_HARNESS_CHILD").is_none() {
-        return;
-    }
-    let job = busy_job();
-    let pgids: Vec<String> = job.pgids().iter().map(|p| p.to_string()).collect();
-    #[allow(clippy::print_stdout)]
-    {
-        println!("PGIDS {}", pgids.join(","));
-    }
-    std::thread::sleep(Duration::from_secs(60));
-    drop(job);
 }
