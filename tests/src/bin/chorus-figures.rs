@@ -27,6 +27,7 @@
 //! cargo build --release -p chorus-tests --bins
 //! target/release/chorus-figures [--repeats N] [--heartbeat 200ms --deadline 2s]
 //! target/release/chorus-figures cut [--repeats 20] [--deadline 1s]
+//! target/release/chorus-figures help            # every mode and option (clap)
 //! ```
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a report on stdout, progress on stderr
@@ -38,6 +39,7 @@ use std::time::{Duration, Instant};
 use chorus_tests::clock::{mono_ns, ms_between};
 use chorus_tests::stats::percentile;
 use chorus_tests::{Job, JobSpec};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use rand::{Rng, SeedableRng};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -45,9 +47,91 @@ const WAIT: Duration = Duration::from_secs(60);
 #[path = "figures/hosts.rs"]
 mod hosts;
 
+/// The command line: the default figures, or one mode.
+#[derive(Parser)]
+#[command(
+    name = "chorus-figures",
+    about = "The runtime's figures over repeats, on real processes (a Markdown table)",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    #[command(flatten)]
+    figures: Figures,
+    /// Run the soak for this long (the same as `soak --duration SPAN`).
+    #[arg(long, value_name = "SPAN", value_parser = soak::span)]
+    soak: Option<Duration>,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// Only the cut-off minority of one of 4 (root, `ip` and `nft`).
+    Cut(CutArgs),
+    /// Detection across network-namespace hosts (root, `ip`, `nft`, `unshare`).
+    Hosts(hosts::Args),
+    /// The loaded soak: continuous all-reduces beside busy processes.
+    Soak(soak::Args),
+    /// The attack test's scenario for longer.
+    Attack(attack::Args),
+}
+
+/// The default figures' options.
+#[derive(clap::Args)]
+struct Figures {
+    /// Runs per figure.
+    #[arg(long, default_value_t = 10)]
+    repeats: usize,
+    /// `CHORUS_HEARTBEAT_INTERVAL` of the ranks.
+    #[arg(long, default_value = "200ms")]
+    heartbeat: String,
+    /// `CHORUS_HEARTBEAT_DEADLINE` of the ranks.
+    #[arg(long, default_value = "2s")]
+    deadline: String,
+    #[command(flatten)]
+    rank: RankProgram,
+}
+
+#[derive(clap::Args)]
+struct CutArgs {
+    /// Runs measured.
+    #[arg(long, default_value_t = 20)]
+    repeats: usize,
+    /// The heartbeat deadline (heartbeats every tenth of it).
+    #[arg(long, default_value = "1s", value_parser = soak::span)]
+    deadline: Duration,
+    #[command(flatten)]
+    rank: RankProgram,
+}
+
+/// Where `chorus-test-rank` is; every mode takes it.
+#[derive(clap::Args, Clone)]
+pub(crate) struct RankProgram {
+    /// The rank program, `chorus-test-rank` (by default the one beside this executable).
+    #[arg(long = "rank-program", value_name = "PATH", default_value_os_t = rank_program())]
+    path: PathBuf,
+}
+
+impl RankProgram {
+    /// The path, or a usage error if nothing is there.
+    pub(crate) fn checked(self) -> PathBuf {
+        if !self.path.is_file() {
+            Cli::command()
+                .error(
+                    clap::error::ErrorKind::InvalidValue,
+                    format!(
+                        "no rank program at {} (cargo build -p chorus-tests --bins)",
+                        self.path.display()
+                    ),
+                )
+                .exit();
+        }
+        self.path
+    }
+}
+
+/// What the default figures' runs need.
 struct Opts {
-    /// `chorus-figures cut`: only the cut-off minority's figures.
-    cut: bool,
     repeats: usize,
     heartbeat: String,
     deadline: String,
@@ -60,17 +144,24 @@ mod attack;
 mod soak;
 
 fn main() {
-    match std::env::args().nth(1).as_deref() {
-        Some("hosts") => return hosts::main(std::env::args().skip(2).collect()),
-        Some("soak" | "--soak") => return soak::main(),
-        Some("attack") => return attack::main(),
-        _ => {}
+    let cli = Cli::parse();
+    match cli.mode {
+        Some(Mode::Hosts(args)) => return hosts::main(args),
+        Some(Mode::Soak(args)) => return soak::main(args),
+        Some(Mode::Attack(args)) => return attack::main(args),
+        Some(Mode::Cut(args)) => return cut_figures(args),
+        None => {}
     }
-    let opts = parse_args();
-    if opts.cut {
-        cut_figures(&opts);
-        return;
+    if let Some(duration) = cli.soak {
+        return soak::main(soak::Args::for_span(duration, cli.figures.rank));
     }
+    let f = cli.figures;
+    let opts = Opts {
+        repeats: f.repeats,
+        heartbeat: f.heartbeat,
+        deadline: f.deadline,
+        bin: f.rank.checked(),
+    };
     let started = Instant::now();
     let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
     let r = opts.repeats;
@@ -162,9 +253,10 @@ fn main() {
 }
 
 /// `chorus-figures cut`: the cut-off minority of one of 4, `--repeats` times.
-fn cut_figures(opts: &Opts) {
+fn cut_figures(args: CutArgs) {
     let started = Instant::now();
-    let deadline = parse_duration(&opts.deadline).unwrap_or_else(|| usage("--deadline 1s"));
+    let deadline = args.deadline;
+    let (repeats, bin) = (args.repeats, args.rank.checked());
     let ns = chorus_tests::netns::Netns::enter("figures").unwrap_or_else(|why| {
         eprintln!("chorus-figures: cannot cut a rank off here: {why}");
         std::process::exit(1);
@@ -174,14 +266,13 @@ fn cut_figures(opts: &Opts) {
     // rank's reports (on stderr); it is counted, not measured, and another run takes its
     // place, up to as many again.
     let mut failed = 0;
-    while shrink.len() < opts.repeats && failed < opts.repeats {
+    while shrink.len() < repeats && failed < repeats {
         progress(&format!(
-            "cut-off rank of 4 {}/{} ({failed} failed)",
+            "cut-off rank of 4 {}/{repeats} ({failed} failed)",
             shrink.len() + 1,
-            opts.repeats
         ));
         let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            chorus_tests::cut::run(&ns, &opts.bin, 4, deadline)
+            chorus_tests::cut::run(&ns, &bin, 4, deadline)
         }));
         match attempt {
             Ok(run) => {
@@ -206,15 +297,6 @@ fn cut_figures(opts: &Opts) {
         ("cut to the minority's no-quorum (ms)".into(), after_cut),
         ("majority shrink(), 4 -> 3 ranks (ms)".into(), majority),
     ]);
-}
-
-/// `1s`, `1.5s` or `800ms`.
-fn parse_duration(s: &str) -> Option<Duration> {
-    if let Some(ms) = s.strip_suffix("ms") {
-        return ms.parse().ok().map(Duration::from_millis);
-    }
-    let secs: f64 = s.strip_suffix('s')?.parse().ok()?;
-    (secs.is_finite() && secs > 0.0).then(|| Duration::from_secs_f64(secs))
 }
 
 fn table(rows: &[(String, Vec<f64>)]) {
@@ -328,45 +410,6 @@ fn progress(what: &str) {
     eprintln!("chorus-figures: {what}");
 }
 
-fn parse_args() -> Opts {
-    let mut opts = Opts {
-        cut: false,
-        repeats: 10,
-        heartbeat: "200ms".into(),
-        deadline: "2s".into(),
-        bin: rank_program(),
-    };
-    let mut args = std::env::args().skip(1).peekable();
-    if args.peek().map(String::as_str) == Some("cut") {
-        args.next();
-        opts.cut = true;
-        opts.repeats = 20;
-        opts.deadline = "1s".into();
-    }
-    while let Some(a) = args.next() {
-        let mut value = || {
-            args.next()
-                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
-        };
-        match a.as_str() {
-            "--repeats" => {
-                opts.repeats = value().parse().unwrap_or_else(|_| usage("--repeats N"));
-            }
-            "--heartbeat" => opts.heartbeat = value(),
-            "--deadline" => opts.deadline = value(),
-            "--rank-program" => opts.bin = PathBuf::from(value()),
-            _ => usage(&format!("unknown argument {a}")),
-        }
-    }
-    if !opts.bin.exists() {
-        usage(&format!(
-            "no rank program at {} (cargo build -p chorus-tests --bins)",
-            opts.bin.display()
-        ));
-    }
-    opts
-}
-
 /// `chorus-test-rank` beside this executable.
 fn rank_program() -> PathBuf {
     std::env::current_exe()
@@ -374,13 +417,4 @@ fn rank_program() -> PathBuf {
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_default()
         .join("chorus-test-rank")
-}
-
-fn usage(why: &str) -> ! {
-    eprintln!(
-        "chorus-figures: {why}\nusage: chorus-figures [--repeats N] [--heartbeat 200ms] \
-         [--deadline 2s] [--rank-program PATH]\n       chorus-figures cut [--repeats 20] \
-         [--deadline 1s] [--rank-program PATH]"
-    );
-    std::process::exit(2);
 }

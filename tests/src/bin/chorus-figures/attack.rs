@@ -4,7 +4,6 @@
 //! Prints what came back per port and mutation, every answer that differed from the spec,
 //! each rank's RSS growth, and whether the job ran on (no failure, no false death).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use chorus_tests::attack;
@@ -12,29 +11,25 @@ use chorus_tests::{Job, JobSpec};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-pub(super) fn main() {
-    let mut duration = Duration::from_secs(600);
-    let mut concurrency = 6;
-    let mut seed = 0x5eed_0018_u64;
-    let mut bin: PathBuf = super::rank_program();
-    let mut args = std::env::args().skip(2);
-    while let Some(a) = args.next() {
-        let mut value = || {
-            args.next()
-                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
-        };
-        match a.as_str() {
-            "--duration" => {
-                duration = super::soak::span(&value()).unwrap_or_else(|| usage("--duration 10m"))
-            }
-            "--concurrency" => {
-                concurrency = value().parse().unwrap_or_else(|_| usage("--concurrency N"))
-            }
-            "--seed" => seed = value().parse().unwrap_or_else(|_| usage("--seed N")),
-            "--rank-program" => bin = PathBuf::from(value()),
-            _ => usage(&format!("unknown argument {a}")),
-        }
-    }
+/// `chorus-figures attack`'s options.
+#[derive(clap::Args)]
+pub(super) struct Args {
+    /// How long to attack (`10m`, `90s`).
+    #[arg(long, default_value = "10m", value_parser = super::soak::span)]
+    duration: Duration,
+    /// Hostile connections open at a time.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    concurrency: u32,
+    /// The mutation engine's seed.
+    #[arg(long, default_value_t = 0x5eed_0018)]
+    seed: u64,
+    #[command(flatten)]
+    rank: super::RankProgram,
+}
+
+pub(super) fn main(args: Args) {
+    let (duration, concurrency, seed) = (args.duration, args.concurrency as usize, args.seed);
+    let bin = args.rank.checked();
     let spec = JobSpec::new(4)
         .env("CT_START", "loop")
         .env("CT_ON_FAIL", "idle")
@@ -109,12 +104,4 @@ pub(super) fn main() {
     if !ran_on || !failures.is_empty() || report.wrong_count > 0 || !left.is_empty() {
         std::process::exit(1);
     }
-}
-
-fn usage(why: &str) -> ! {
-    eprintln!(
-        "chorus-figures attack: {why}\nusage: chorus-figures attack [--duration 10m] \
-         [--concurrency 6] [--seed N] [--rank-program PATH]"
-    );
-    std::process::exit(2);
 }

@@ -16,6 +16,34 @@ const SIZES: &str = "1,128,8192,131072,524288";
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// `chorus-figures soak`'s options.
+#[derive(clap::Args)]
+pub(super) struct Args {
+    /// How long to soak (`10m`, `90s`).
+    #[arg(long, default_value = "10m", value_parser = span)]
+    duration: Duration,
+    /// Ranks in the job.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=64))]
+    ranks: u32,
+    /// Busy processes beside it (default: 2 per core).
+    #[arg(long)]
+    busy: Option<usize>,
+    #[command(flatten)]
+    rank: super::RankProgram,
+}
+
+impl Args {
+    /// `chorus-figures --soak SPAN`: the defaults, for `duration`.
+    pub(super) fn for_span(duration: Duration, rank: super::RankProgram) -> Args {
+        Args {
+            duration,
+            ranks: 4,
+            busy: None,
+            rank,
+        }
+    }
+}
+
 struct Opts {
     duration: Duration,
     ranks: u32,
@@ -23,8 +51,14 @@ struct Opts {
     bin: PathBuf,
 }
 
-pub(super) fn main() {
-    let opts = parse_args();
+pub(super) fn main(args: Args) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let opts = Opts {
+        duration: args.duration,
+        ranks: args.ranks,
+        busy: args.busy.unwrap_or(2 * cores),
+        bin: args.rank.checked(),
+    };
     let started = Instant::now();
     let _load = Load::start(opts.busy);
     let (mut false_deaths, mut jobs, mut iters) = (Vec::new(), 0, 0u64);
@@ -167,59 +201,21 @@ impl Drop for Load {
     }
 }
 
-/// `10m`, `90s`, `1.5s` or `800ms`.
-pub(super) fn span(s: &str) -> Option<Duration> {
-    if let Some(ms) = s.strip_suffix("ms") {
-        return ms.parse().ok().map(Duration::from_millis);
-    }
-    let (n, unit) = match s.strip_suffix('m') {
-        Some(m) => (m, 60.0),
-        None => (s.strip_suffix('s')?, 1.0),
+/// `10m`, `90s`, `1.5s` or `800ms`: more than zero, under a day.
+pub(super) fn span(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a span such as 10m, 90s, 1.5s or 800ms (under a day)");
+    let (n, unit) = if let Some(ms) = s.strip_suffix("ms") {
+        (ms, 0.001)
+    } else if let Some(m) = s.strip_suffix('m') {
+        (m, 60.0)
+    } else {
+        (s.strip_suffix('s').ok_or_else(bad)?, 1.0)
     };
-    let v: f64 = n.parse().ok()?;
-    (v.is_finite() && v > 0.0 && v * unit < 86_400.0).then(|| Duration::from_secs_f64(v * unit))
-}
-
-fn parse_args() -> Opts {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut opts = Opts {
-        duration: Duration::from_secs(600),
-        ranks: 4,
-        busy: 2 * cores,
-        bin: super::rank_program(),
-    };
-    let mut args = std::env::args().skip(1).peekable();
-    // `soak` or `--soak D`.
-    if args.next().as_deref() == Some("--soak")
-        && let Some(d) = args.next()
-    {
-        opts.duration = span(&d).unwrap_or_else(|| usage("--soak 10m"));
+    let v: f64 = n.parse().map_err(|_| bad())?;
+    let secs = v * unit;
+    if secs.is_finite() && secs > 0.0 && secs < 86_400.0 {
+        Ok(Duration::from_secs_f64(secs))
+    } else {
+        Err(bad())
     }
-    while let Some(a) = args.next() {
-        let mut value = || {
-            args.next()
-                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
-        };
-        match a.as_str() {
-            "--duration" => {
-                opts.duration = span(&value()).unwrap_or_else(|| usage("--duration 10m"))
-            }
-            "--ranks" => opts.ranks = value().parse().unwrap_or_else(|_| usage("--ranks 4")),
-            "--busy" => opts.busy = value().parse().unwrap_or_else(|_| usage("--busy N")),
-            "--rank-program" => opts.bin = PathBuf::from(value()),
-            _ => usage(&format!("unknown argument {a}")),
-        }
-    }
-    if !opts.bin.exists() {
-        usage(&format!("no rank program at {}", opts.bin.display()));
-    }
-    opts
-}
-
-fn usage(why: &str) -> ! {
-    eprintln!(
-        "chorus-figures soak: {why}\nusage: chorus-figures soak [--duration 10m] [--ranks 4] \
-         [--busy N] [--rank-program PATH]\n       chorus-figures --soak 10m [...]"
-    );
-    std::process::exit(2);
 }

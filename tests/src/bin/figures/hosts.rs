@@ -26,19 +26,39 @@ use super::{progress, rank_program, table};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-struct Args {
+/// `chorus-figures hosts`' options.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Runs per scenario.
+    #[arg(long, default_value_t = 20)]
     repeats: usize,
+    /// `CHORUS_HEARTBEAT_INTERVAL` of the ranks.
+    #[arg(long, default_value = "100ms")]
     heartbeat: String,
+    /// `CHORUS_HEARTBEAT_DEADLINE` of the ranks.
+    #[arg(long, default_value = "2s")]
     deadline: String,
+    /// Minutes of the bad-network all-reduce loop (0: none).
+    #[arg(long, default_value_t = 5.0, value_parser = minutes)]
     loop_minutes: f64,
+    /// The rank program, `chorus-test-rank` (by default the one beside this executable).
+    #[arg(long = "rank-program", value_name = "PATH", default_value_os_t = rank_program())]
     bin: PathBuf,
     /// Run only the scenarios whose name contains this.
+    #[arg(long)]
     only: Option<String>,
 }
 
-/// The mode's entry: its own arguments after `hosts`.
-pub(crate) fn main(argv: Vec<String>) {
-    let args = parse(argv);
+/// `--loop-minutes`: zero or more, under a day.
+fn minutes(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(m) if m.is_finite() && (0.0..1440.0).contains(&m) => Ok(m),
+        _ => Err(format!("{s:?} is not a number of minutes from 0 to 1440")),
+    }
+}
+
+/// The mode's entry.
+pub(crate) fn main(args: Args) {
     let started = Instant::now();
     let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
     let mut failed_runs = 0;
@@ -331,40 +351,4 @@ fn bad_network_loop(args: &Args) {
         "\nbad network: {minutes} min all-reduce loop on {network}, default heartbeat and \
          deadline: {false_deaths} false death(s), {iters} iterations\n"
     );
-}
-
-fn parse(argv: Vec<String>) -> Args {
-    let mut args = Args {
-        repeats: 20,
-        heartbeat: "100ms".into(),
-        deadline: "2s".into(),
-        loop_minutes: 5.0,
-        bin: rank_program(),
-        only: None,
-    };
-    let mut it = argv.into_iter();
-    while let Some(a) = it.next() {
-        let mut value = || {
-            it.next()
-                .unwrap_or_else(|| super::usage(&format!("{a} needs a value")))
-        };
-        match a.as_str() {
-            "--repeats" => {
-                args.repeats = value()
-                    .parse()
-                    .unwrap_or_else(|_| super::usage("--repeats N"))
-            }
-            "--heartbeat" => args.heartbeat = value(),
-            "--deadline" => args.deadline = value(),
-            "--loop-minutes" => {
-                args.loop_minutes = value()
-                    .parse()
-                    .unwrap_or_else(|_| super::usage("--loop-minutes M"));
-            }
-            "--rank-program" => args.bin = PathBuf::from(value()),
-            "--only" => args.only = Some(value()),
-            _ => super::usage(&format!("unknown argument {a}")),
-        }
-    }
-    args
 }
