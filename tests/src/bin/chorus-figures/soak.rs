@@ -16,6 +16,9 @@ const SIZES: &str = "1,128,8192,131072,524288";
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// A new job starts only while more than this is left of the soak.
+const JOB_MARGIN: Duration = Duration::from_secs(5);
+
 /// `chorus-figures soak`'s options.
 #[derive(clap::Args)]
 pub(super) struct Args {
@@ -59,11 +62,19 @@ pub(super) fn main(args: Args) {
         busy: args.busy.unwrap_or(2 * cores),
         bin: args.rank.checked(),
     };
+    if opts.duration <= JOB_MARGIN {
+        // A job starts only with more than this left, so a shorter soak would measure nothing.
+        eprintln!(
+            "chorus-figures soak: --duration {:?} is too short to start a job (more than {JOB_MARGIN:?})",
+            opts.duration
+        );
+        std::process::exit(2);
+    }
     let started = Instant::now();
     let _load = Load::start(opts.busy);
     let (mut false_deaths, mut jobs, mut iters) = (Vec::new(), 0, 0u64);
     let mut rows: Vec<(usize, u64, f64, f64, f64)> = Vec::new();
-    while started.elapsed() + Duration::from_secs(5) < opts.duration {
+    while started.elapsed() + JOB_MARGIN < opts.duration {
         jobs += 1;
         let left = opts.duration.saturating_sub(started.elapsed());
         let spec = JobSpec::new(opts.ranks)
