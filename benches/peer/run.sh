@@ -10,13 +10,16 @@
 #    mpi_allreduce.c with mpicc;
 # 3. runs peer-run: the machine's limits and every system's sweep at 2 and 4 ranks, in
 #    interleaved rounds, each under a deadline; writes bench-out/peer/report.md,
-#    report.json, busbw.png (raw results and logs in bench-out/peer/raw/).
+#    report.json, busbw.png (raw results and logs in bench-out/peer/raw/);
+# 4. as root with ip(8): chorus (tcp) against Open MPI across two network namespaces joined
+#    by a veth pair (netns.sh), into bench-out/peer/netns.md.
 #
 # A peer that cannot be installed or built is reported as not measured, with the reason;
 # the others still run. Environment: CHORUS_BENCH_OUT (default bench-out/peer),
 # CHORUS_BENCH_CACHE (default ~/.cache/chorus-bench), CHORUS_BENCH_NO_INSTALL=1 to install
 # nothing (use what is there), CHORUS_BENCH_DDP=1 to also time one DDP training step,
-# chorus against gloo at 2 and 4 ranks (ddp_step.py; $OUT/ddp_step.json and .txt).
+# chorus against gloo at 2 and 4 ranks (ddp_step.py; $OUT/ddp_step.json and .txt),
+# CHORUS_BENCH_NETNS=0 to skip the two-namespaces comparison (netns.sh; $OUT/netns.md).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -140,6 +143,19 @@ if [[ ${CHORUS_BENCH_DDP:-0} == 1 ]]; then
     else
       say "the DDP step run failed (see $OUT/ddp_step.txt)"
     fi
+  fi
+fi
+# --- 6. across two network-namespace hosts (root and ip(8) only) --------------------------
+# chorus over TCP in its multi-node mode against Open MPI's TCP BTL, the ranks split over
+# two namespaces joined by a veth pair (netns.sh). CHORUS_BENCH_NETNS=0 skips it.
+if [[ ${CHORUS_BENCH_NETNS:-1} != 0 ]]; then
+  mpi_arg=-
+  [[ -z $mpi_missing ]] && mpi_arg=$MPI_PROGRAM
+  quick_arg=()
+  ((quick)) && quick_arg=(--quick)
+  say "across two network namespaces, chorus (tcp) against Open MPI (netns.sh)…"
+  if ! timeout --kill-after=30 1800 benches/peer/netns.sh "$OUT" target/release/chorus "$mpi_arg" "${quick_arg[@]}"; then
+    say "the namespace run failed (see $OUT/netns/)"
   fi
 fi
 exit "$status"

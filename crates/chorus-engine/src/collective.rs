@@ -52,6 +52,21 @@ where
         } => {
             let bytes = bytes_of(run, count, 1)?;
             need_buf(run, &mut buf, bytes, bytes)?;
+            let ring = !matches!(
+                algo,
+                Algorithm::RecursiveDoubling | Algorithm::HalvingDoubling
+            );
+            // Out of place, the ring reads this rank's input where it needs it, chunk by
+            // chunk, rather than copying the whole input to the output before its first
+            // send (a cold pass over the buffer, on the critical path).
+            let buf = match buf {
+                Buffer::Separate { send, recv }
+                    if ring && n > 1 && count > 0 && reduction.premul().is_none() =>
+                {
+                    return ring::all_reduce(run, Some(send), recv, count, reduction).await;
+                }
+                buf => buf,
+            };
             let mem = stage(run, buf, 0, 0, bytes)?;
             if let Some(s) = reduction.premul() {
                 run.touch();
@@ -65,7 +80,7 @@ where
                     doubling::all_reduce(run, mem, count, reduction).await
                 }
                 Algorithm::HalvingDoubling => halving::all_reduce(run, mem, count, reduction).await,
-                _ => ring::all_reduce(run, mem, count, reduction).await,
+                _ => ring::all_reduce(run, None, mem, count, reduction).await,
             }
         }
         Op::Reduce {

@@ -1354,3 +1354,50 @@ async fn uring_busy_poll_delivers_and_cancels_like_the_default() {
         })
     );
 }
+
+/// A connection refused before any link reads it sends the departure with the code even
+/// when its peer half-closed right after its `Hello` (the replayed `Hello` of the attack
+/// test): the peer reads the acknowledgement, the departure, then the end of stream.
+#[test]
+fn a_refused_connection_departs_with_the_code_though_its_peer_half_closed() {
+    let Some((t, secret)) = transport(Backend::Epoll, None) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut l = listener(&t).await;
+        let addr = l.local_addr();
+        let hello = hello_bytes(&secret, route(1), Role::Data);
+        let raw = std::thread::spawn(move || {
+            let mut raw = RawPeer::connect(addr);
+            raw.send(&hello);
+            raw.stream.shutdown(std::net::Shutdown::Write).unwrap();
+            let Seen::Frame(ack) = raw.next(WAIT) else {
+                panic!("no hello-ack")
+            };
+            assert!(matches!(ack.message, Message::HelloAck(_)), "{ack:?}");
+            raw.decoder.set_gate(chorus_protocol::Gate::Established {
+                role: Role::Data,
+                local: Side::Connector,
+                comm: ack.header.comm,
+                peer: ack.header.sender,
+            });
+            let depart = departed(raw.next(WAIT));
+            (depart, raw.next(WAIT))
+        });
+        let conn = l.accept(WAIT).await.unwrap();
+        // Let the peer's end of stream arrive first: a link would have read it and closed.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        conn.refuse(CloseCode::DUPLICATE_RANK, "a second link")
+            .await;
+        let ((code, detail), after) = tokio::task::spawn_blocking(move || raw.join().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(code, CloseCode::DUPLICATE_RANK);
+        assert_eq!(detail, "a second link");
+        assert!(matches!(after, Seen::Eof), "after the departure: {after:?}");
+    });
+}

@@ -12,10 +12,14 @@ use crate::link::Link;
 use crate::op::{Buffer, Reduction};
 use crate::run::Run;
 
-/// All-reduce in place on `mem` (`count > 0` elements, `world > 1`): ring reduce-scatter
-/// then ring all-gather. `Avg` divides each segment once, at its owner, before it circulates.
+/// All-reduce into `mem` (`count > 0` elements, `world > 1`): ring reduce-scatter then ring
+/// all-gather. `Avg` divides each segment once, at its owner, before it circulates. With
+/// `input`, this rank's contribution is read from there (out of place; `mem` is written
+/// before it is read: each chunk is copied in just before its first reduce, while it is
+/// in cache), else from `mem` (in place).
 pub(crate) async fn all_reduce<D, L>(
     run: &mut Run<'_, D, L>,
+    input: Option<&D::Mem>,
     mem: &mut D::Mem,
     count: usize,
     reduction: Reduction,
@@ -57,7 +61,8 @@ where
     for c in 0..k {
         let (off, len) = chunk(send_seg(0), c);
         if len > 0 {
-            run.send_from(right, step(0, k, c), off, mem, off, len)
+            let own: &D::Mem = input.unwrap_or(&*mem);
+            run.send_from(right, step(0, k, c), off, own, off, len)
                 .await?;
         }
         for t in 0..phases {
@@ -69,6 +74,11 @@ where
             let p = run.recv(left, step(t, k, c), off, len).await?;
             run.touch();
             if t < n - 1 {
+                // Each chunk of the reduce-scatter is received once: the first time `mem`
+                // holds it, so the input's copy goes there now.
+                if let Some(input) = input {
+                    run.copy(mem, off, input, off, len)?;
+                }
                 run.unpack_reduce(mem, off, &p, op)?;
                 if t == n - 2 && avg {
                     run.divide(mem, off, len, n as u32)?;

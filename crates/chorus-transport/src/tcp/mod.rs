@@ -9,13 +9,14 @@ mod teardown;
 mod uring;
 
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chorus_protocol::message::Role;
+use chorus_protocol::message::{Depart, Message, Role};
 use chorus_protocol::{
-    AcceptorConfig, CommId, ConnectorConfig, Decoder, Encoder, Envelope, Epoch, JobSecret, Rank,
+    AcceptorConfig, CloseCode, CommId, ConnectorConfig, Decoder, Encoder, Envelope, Epoch,
+    JobSecret, Rank,
 };
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
@@ -270,6 +271,37 @@ impl TcpConnection {
         })
     }
 
+    /// Refuses an admitted connection before any link reads it: sends a departure with
+    /// `code`, half-closes, waits (within the transport's depart budget) until the peer has
+    /// acknowledged it, then shuts the socket. Use it when whoever owns the connection
+    /// already knows it will refuse (a second link for a live rank): a link's close departs
+    /// only if it is the link's first failure, and a link reads at once, so a peer that
+    /// half-closed right after its `Hello` would win that race and get a bare end of stream.
+    pub async fn refuse(mut self, code: CloseCode, detail: impl Into<String>) {
+        let Some(mut stream) = self.stream.take() else {
+            return;
+        };
+        let budget = self.transport.inner.cfg.depart_timeout;
+        let deadline = tokio::time::Instant::now() + budget;
+        let me = self.greeted.me;
+        let depart = Message::Depart(Depart::new(code, detail.into()));
+        let mut bytes = bytes::BytesMut::new();
+        if self
+            .greeted
+            .encoder
+            .encode(&me, &depart, &mut bytes)
+            .is_ok()
+        {
+            use tokio::io::AsyncWriteExt;
+            let written = tokio::time::timeout_at(deadline, stream.write_all(&bytes)).await;
+            if matches!(written, Ok(Ok(()))) {
+                socket::shutdown_write(stream.as_fd());
+                flush(&stream, deadline).await;
+            }
+        }
+        socket::shutdown_of(&stream);
+    }
+
     /// Turns a `Role::Data` connection into the data link to its peer, on the transport's
     /// backend.
     pub fn into_link(mut self) -> Result<TcpLink, TransportError> {
@@ -409,6 +441,19 @@ async fn handshake_one(
             socket::shutdown_of(&stream);
             None
         }
+    }
+}
+
+/// Waits until the peer has acknowledged every byte written on `stream` (`SIOCOUTQ`), or
+/// `deadline`: a shut with the departure still unacknowledged could lose it (teardown.rs).
+async fn flush(stream: &TcpStream, deadline: tokio::time::Instant) {
+    let mut pause = Duration::from_micros(200);
+    while socket::unacknowledged(stream.as_fd()).is_some_and(|n| n > 0) {
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
+        pause = (pause * 2).min(Duration::from_millis(10));
     }
 }
 

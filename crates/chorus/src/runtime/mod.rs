@@ -342,6 +342,13 @@ impl Session {
                         Ok(conn) => {
                             let Some(session) = weak.upgrade() else { break };
                             let (comm, epoch, peer) = (conn.comm(), conn.epoch(), conn.peer_rank());
+                            // Refused before a link reads it, so the departure always goes
+                            // out (a link's close departs only if nothing failed it first).
+                            if let Some(detail) = session.registry.refusal(comm, epoch, peer) {
+                                // Its own task: the flush takes up to the depart budget.
+                                tokio::spawn(conn.refuse(CloseCode::DUPLICATE_RANK, detail));
+                                continue;
+                            }
                             match conn.into_link() {
                                 Ok(link) => {
                                     session.registry.deliver(comm, epoch, peer, Arc::new(link))

@@ -181,43 +181,22 @@ impl Registry {
         self.lock().comms.get(&comm).map(|e| e.lineage.clone())
     }
 
+    /// Why an inbound data link from `peer` for `comm` at `epoch` would be refused with
+    /// `duplicate-rank` if it arrived now (see [`Registry::deliver`]), if it would be: lets
+    /// the listener refuse a connection before a link reads it.
+    pub(crate) fn refusal(&self, comm: CommId, epoch: Epoch, peer: Rank) -> Option<String> {
+        self.lock().refusal(&(comm, epoch, peer))
+    }
+
     /// An inbound data link arrived: hand it to whoever waits for it, or park it; refuse
     /// it with `duplicate-rank` if a live link already holds its slot, or if it claims this
     /// member's own rank.
     pub(crate) fn deliver(&self, comm: CommId, epoch: Epoch, peer: Rank, link: DataLink) {
         let mut inner = self.lock();
         let key = (comm, epoch, peer);
-        let own = inner
-            .comms
-            .get(&comm)
-            .and_then(|e| e.ranks.get(&epoch))
-            .copied();
-        if own == Some(peer) {
+        if let Some(detail) = inner.refusal(&key) {
             drop(inner);
-            refuse(&link, format!("{peer} is this member's own rank"));
-            return;
-        }
-        // The lower rank of a pair dials the higher (`links.rs`): this member's link to a
-        // rank above it is one it opened, so a link arriving from such a rank (a replayed
-        // `Hello`, or one claiming a rank past the world) would be a second one. Parked, it
-        // would sit unclaimed holding a connection; it is refused like any duplicate.
-        if let Some(own) = own
-            && peer > own
-        {
-            drop(inner);
-            refuse(
-                &link,
-                format!("{peer} is above this member's {own}: this member dials it"),
-            );
-            return;
-        }
-        if inner.taken(&key) {
-            drop(inner);
-            tracing::warn!(%comm, %epoch, %peer, "a second data link for a live one; refusing it");
-            refuse(
-                &link,
-                format!("{peer} already has a live data link at {epoch}"),
-            );
+            refuse(&link, detail);
             return;
         }
         let link = match inner.waiters.remove(&key) {
@@ -274,6 +253,36 @@ impl Registry {
 }
 
 impl Inner {
+    /// Why a link for `key` is refused with `duplicate-rank`: it claims this member's own
+    /// rank, a rank this member dials, or a slot a live link holds.
+    fn refusal(&mut self, key: &(CommId, Epoch, Rank)) -> Option<String> {
+        let &(comm, epoch, peer) = key;
+        let own = self
+            .comms
+            .get(&comm)
+            .and_then(|e| e.ranks.get(&epoch))
+            .copied();
+        if own == Some(peer) {
+            return Some(format!("{peer} is this member's own rank"));
+        }
+        // The lower rank of a pair dials the higher (`links.rs`): this member's link to a
+        // rank above it is one it opened, so a link arriving from such a rank (a replayed
+        // `Hello`, or one claiming a rank past the world) would be a second one. Parked, it
+        // would sit unclaimed holding a connection; it is refused like any duplicate.
+        if let Some(own) = own
+            && peer > own
+        {
+            return Some(format!(
+                "{peer} is above this member's {own}: this member dials it"
+            ));
+        }
+        if self.taken(key) {
+            tracing::warn!(%comm, %epoch, %peer, "a second data link for a live one; refusing it");
+            return Some(format!("{peer} already has a live data link at {epoch}"));
+        }
+        None
+    }
+
     /// Whether a live link holds `key`'s slot: parked, or handed out and still held, and
     /// not failed.
     fn taken(&mut self, key: &(CommId, Epoch, Rank)) -> bool {
