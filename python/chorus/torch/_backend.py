@@ -276,7 +276,7 @@ class ChorusGroup(TorchHooks):
             if opts is not None and opts.asyncOp is False and t.is_cpu:
                 # dist.all_reduce(async_op=False): torch waits at once, so run it here.
                 call = _Call(self, "all_reduce", None, tensors)
-                timeout = self._run_timeout()
+                timeout = None if self._timeout >= self._comm_timeout else self._timeout
                 try:
                     _link.all_reduce_now(self._comm, r.tensor, r.dtype, rr.name, rr.factor, timeout)
                 except BaseException as e:  # the operation failed (or Ctrl-C aborted it)
@@ -284,7 +284,7 @@ class ChorusGroup(TorchHooks):
                 else:
                     call.ended = True
                 self._last = call
-                return Work([call])
+                return Work([call], tensors)
             work = _link.all_reduce(self._comm, r.tensor, r.dtype, rr.name, rr.factor)
             call = _Call(self, "all_reduce", work, tensors, None, self._deadline())
             self._last = call
