@@ -172,10 +172,28 @@ class ChorusGroup(TorchHooks):
         keep: tuple,
         post: Optional[Callable[[], None]] = None,
         group: bool = False,
+        now: bool = False,
     ) -> Work:
+        """One torch call as one chorus submission. ``now``: torch waits for it at once (a
+        blocking collective, ``async_op=False``), so it runs to its end before this returns
+        (on this thread when nothing before it is unfinished) and the ``Work`` returned has
+        ended; its error, if any, is raised by ``wait()`` as for any other."""
         if self._batch is not None:
             self._batch.append((name, steps, outputs, keep, post))
             return Work([self._batch_call], outputs)
+        if now and steps and _link.on_host(steps):
+            # torch waits for it as soon as this returns: run it here, on this thread,
+            # rather than wake the submission thread for it (see _run_now).
+            call = _Call(self, name, None, outputs, post)
+            timeout = self._run_timeout()
+            try:
+                _link.run(self._comm, steps, group, timeout)
+            except BaseException as e:  # the operation failed (or Ctrl-C aborted it)
+                call._end(self._run_error(e, name, timeout))
+            else:
+                call._end(None)
+            self._last = call
+            return Work([call])
         deadline = self._deadline()
         work = _link.submit(self._comm, steps, group) if steps else None
         call = _Call(self, name, work, outputs, post, deadline)
@@ -184,6 +202,29 @@ class ChorusGroup(TorchHooks):
         else:
             self._last = call
         return Work([call])
+
+    @staticmethod
+    def _now(opts: object) -> bool:
+        """Whether torch waits for the call as soon as the backend returns: its options say
+        ``asyncOp=False`` (what ``torch.distributed``'s functions pass for a blocking call;
+        torch's own default, and what DDP's reducer passes, is True)."""
+        return opts is not None and getattr(opts, "asyncOp", True) is False
+
+    def _run_timeout(self) -> Optional[float]:
+        """The timeout to run a blocking call under: None when the communicator's own op
+        timeout ends it first (torch's timeout is at least as long), else torch's."""
+        return None if self._timeout >= self._comm_timeout else self._timeout
+
+    def _run_error(self, e: BaseException, name: str, timeout: Optional[float]) -> BaseException:
+        """The error a blocking call ended with, as the queued path reports it: a timeout
+        that was this process group's (shorter than the communicator's) says so."""
+        if timeout is not None and isinstance(e, getattr(chorus, "Timeout", ())):
+            return _error(
+                chorus.Timeout,
+                f"[chorus:timeout] {name} did not finish within the process group's timeout "
+                f"({timeout:g} s); the communicator was aborted",
+            )
+        return e
 
     def _start_coalescing(self, device: object = None) -> None:
         with self._lock:
@@ -232,19 +273,31 @@ class ChorusGroup(TorchHooks):
             t = tensors[0]
             r = _ops.reducible(check_tensor(t, "tensors[0]"), red, "tensors[0]")
             rr = r.red  # bool tensors reduce as bytes, with max or min
+            if opts is not None and opts.asyncOp is False and t.is_cpu:
+                # dist.all_reduce(async_op=False): torch waits at once, so run it here.
+                call = _Call(self, "all_reduce", None, tensors)
+                timeout = None if self._timeout >= self._comm_timeout else self._timeout
+                try:
+                    _link.all_reduce_now(self._comm, r.tensor, r.dtype, rr.name, rr.factor, timeout)
+                except BaseException as e:  # the operation failed (or Ctrl-C aborted it)
+                    call._end(self._run_error(e, "all_reduce", timeout))
+                else:
+                    call.ended = True
+                self._last = call
+                return Work([call], tensors)
             work = _link.all_reduce(self._comm, r.tensor, r.dtype, rr.name, rr.factor)
             call = _Call(self, "all_reduce", work, tensors, None, self._deadline())
             self._last = call
             return Work([call])
         ts = check_list(tensors, "tensors")
         steps = [self._reduce_steps("all_reduce", t, red, f"tensors[{i}]") for i, t in enumerate(ts)]
-        return self._submit("all_reduce", steps, ts, tuple(s.send for s in steps), group=len(steps) > 1)
+        return self._submit("all_reduce", steps, ts, tuple(s.send for s in steps), group=len(steps) > 1, now=self._now(opts))
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
         ts = check_list(tensors, "tensors")
         red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
         steps = [self._reduce_steps("all_reduce", t, red, f"tensors[{i}]") for i, t in enumerate(ts)]
-        return self._submit("all_reduce_coalesced", steps, ts, tuple(s.send for s in steps), group=True)
+        return self._submit("all_reduce_coalesced", steps, ts, tuple(s.send for s in steps), group=True, now=self._now(opts))
 
     def broadcast(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
         ts = check_list(tensors, "tensors")
@@ -253,23 +306,23 @@ class ChorusGroup(TorchHooks):
         for t in ts:
             b = byte_view(t)
             steps.append(Step("broadcast", b, b, peer=root))
-        return self._submit("broadcast", steps, ts, tuple(s.send for s in steps), group=len(steps) > 1)
+        return self._submit("broadcast", steps, ts, tuple(s.send for s in steps), group=len(steps) > 1, now=self._now(opts))
 
     def reduce(self, tensors: List[torch.Tensor], opts: object = None) -> Work:
         t = one(tensors, "tensors")
         red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
         root = self._root(opts, "rootRank")
         step = self._reduce_steps("reduce", t, red, "tensors[0]", root)
-        return self._submit("reduce", [step], [t], (step.send,))
+        return self._submit("reduce", [step], [t], (step.send,), now=self._now(opts))
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: object = None) -> Work:
         inp = one(input_tensors, "input_tensors")
         if not isinstance(output_tensors, (list, tuple)) or len(output_tensors) != 1:
             raise ValueError("output_tensors: expected one list of tensors (one CPU device)")
         outs = self._per_rank(output_tensors[0], inp, "output_tensors[0]", "the input")
-        return self._gather_list("all_gather", inp, outs)
+        return self._gather_list("all_gather", inp, outs, self._now(opts))
 
-    def _gather_list(self, name: str, inp: torch.Tensor, outs: List[torch.Tensor]) -> Work:
+    def _gather_list(self, name: str, inp: torch.Tensor, outs: List[torch.Tensor], now: bool = False) -> Work:
         n = self.size()
         block = nbytes(inp)
         flat = torch.empty(n * block, dtype=torch.uint8, device=inp.device)
@@ -279,7 +332,7 @@ class ChorusGroup(TorchHooks):
             for i, o in enumerate(outs):
                 byte_view(o).copy_(flat[i * block : (i + 1) * block])
 
-        return self._submit(name, [step], outs, (inp, flat, outs), post)
+        return self._submit(name, [step], outs, (inp, flat, outs), post, now=now)
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: object = None) -> Work:
         ins = check_list(input_tensors, "input_tensors")
@@ -301,7 +354,7 @@ class ChorusGroup(TorchHooks):
                 for i, o in enumerate(outs):
                     byte_view(o).copy_(flat[i * block : (i + 1) * block])
 
-        return self._submit("all_gather_coalesced", steps, outputs, tuple(keep), post, group=True)
+        return self._submit("all_gather_coalesced", steps, outputs, tuple(keep), post, group=True, now=self._now(opts))
 
     def _gather_into(self, name: str, output: torch.Tensor, inp: torch.Tensor, what: str) -> Step:
         n = self.size()
@@ -324,7 +377,7 @@ class ChorusGroup(TorchHooks):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> Work:
         step = self._gather_into("all_gather_into_tensor", output, input, "")
-        return self._submit("all_gather_into_tensor", [step], [output], (output, input, step.send))
+        return self._submit("all_gather_into_tensor", [step], [output], (output, input, step.send), now=self._now(opts))
 
     _allgather_base = all_gather_single
 
@@ -333,7 +386,7 @@ class ChorusGroup(TorchHooks):
             raise ValueError(f"outputs: expected {len(inputs)} tensors (one per input), got {len(outputs)}")
         steps = [self._gather_into("", o, i, f"[{k}] ") for k, (o, i) in enumerate(zip(outputs, inputs))]
         keep = tuple(outputs) + tuple(inputs) + tuple(s.send for s in steps)
-        return self._submit("all_gather_into_tensor_coalesced", steps, list(outputs), keep, group=True)
+        return self._submit("all_gather_into_tensor_coalesced", steps, list(outputs), keep, group=True, now=self._now(opts))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -347,7 +400,7 @@ class ChorusGroup(TorchHooks):
         r_in = _ops.reducible(flat, red, "input_tensors[0]")
         r_out = _ops.reducible(out, red, "output_tensors[0]")
         step = Step("reduce_scatter", r_in.tensor, r_out.tensor, r_in.red.name, r_in.red.factor)
-        return self._submit("reduce_scatter", [step], [out], (flat, out, r_in.tensor, r_out.tensor))
+        return self._submit("reduce_scatter", [step], [out], (flat, out, r_in.tensor, r_out.tensor), now=self._now(opts))
 
     def _scatter_from(self, output: torch.Tensor, inp: torch.Tensor, red: _ops.Reduction, what: str) -> tuple:
         n = self.size()
@@ -371,7 +424,7 @@ class ChorusGroup(TorchHooks):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> Work:
         red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
         step, keep = self._scatter_from(output, input, red, "")
-        return self._submit("reduce_scatter_tensor", [step], [output], keep)
+        return self._submit("reduce_scatter_tensor", [step], [output], keep, now=self._now(opts))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -384,7 +437,7 @@ class ChorusGroup(TorchHooks):
             s, kp = self._scatter_from(o, i, red, f"[{k}] ")
             steps.append(s)
             keep.append(kp)
-        return self._submit("reduce_scatter_tensor_coalesced", steps, list(outputs), tuple(keep), group=True)
+        return self._submit("reduce_scatter_tensor_coalesced", steps, list(outputs), tuple(keep), group=True, now=self._now(opts))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -403,11 +456,11 @@ class ChorusGroup(TorchHooks):
                     byte_view(o).copy_(flat[i * block : (i + 1) * block])
 
             step = Step("gather", byte_view(inp), flat, peer=root)
-            return self._submit("gather", [step], outs, (inp, flat, outs), post)
+            return self._submit("gather", [step], outs, (inp, flat, outs), post, now=self._now(opts))
         if output_lists and any(len(x) for x in output_lists):
             raise ValueError("output_tensors: expected no output tensors on a rank that is not the root")
         step = Step("gather", byte_view(inp), None, peer=root)
-        return self._submit("gather", [step], [], (inp,))
+        return self._submit("gather", [step], [], (inp,), now=self._now(opts))
 
     def gather_single(self, output: Optional[torch.Tensor], input: torch.Tensor, opts: object = None) -> Work:
         inp = check_tensor(input, "tensor")
@@ -421,9 +474,9 @@ class ChorusGroup(TorchHooks):
                     f"got {out.numel()} of {out.dtype}"
                 )
             step = Step("gather", byte_view(inp), byte_view(out), peer=root)
-            return self._submit("gather", [step], [out], (inp, out))
+            return self._submit("gather", [step], [out], (inp, out), now=self._now(opts))
         step = Step("gather", byte_view(inp), None, peer=root)
-        return self._submit("gather", [step], [], (inp,))
+        return self._submit("gather", [step], [], (inp,), now=self._now(opts))
 
     def scatter(self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: object = None) -> Work:
         out = one(output_tensors, "output_tensors")
@@ -435,11 +488,11 @@ class ChorusGroup(TorchHooks):
             ins = self._per_rank(input_lists[0], out, "input_tensors[0]", "the output")
             flat = torch.cat([byte_view(t) for t in ins]) if ins else torch.empty(0, dtype=torch.uint8, device=out.device)
             step = Step("scatter", flat, byte_view(out), peer=root)
-            return self._submit("scatter", [step], [out], (flat, out))
+            return self._submit("scatter", [step], [out], (flat, out), now=self._now(opts))
         if input_lists and any(len(x) for x in input_lists):
             raise ValueError("input_tensors: expected no input tensors on a rank that is not the root")
         step = Step("scatter", None, byte_view(out), peer=root)
-        return self._submit("scatter", [step], [out], (out,))
+        return self._submit("scatter", [step], [out], (out,), now=self._now(opts))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int], input_split_sizes: List[int], opts: object = None) -> Work:
         n, r = self.size(), self.rank()
@@ -458,7 +511,7 @@ class ChorusGroup(TorchHooks):
             src = byte_view(inp)
             dst = byte_view(out)
             step = Step("all_to_all", src, dst if inp.data_ptr() != out.data_ptr() else src)
-            return self._submit("all_to_all_single", [step], [output], (inp, out))
+            return self._submit("all_to_all_single", [step], [output], (inp, out), now=self._now(opts))
         ins = _ops.split_sizes(input_split_sizes, inp, n, "input_split_sizes")
         outs = _ops.split_sizes(output_split_sizes, out, n, "output_split_sizes")
         if _overlaps(inp, out):
@@ -481,6 +534,7 @@ class ChorusGroup(TorchHooks):
             [(p, dst[out_off[p] : out_off[p] + outs[p] * out_row]) for p in range(n) if p != r],
             [output],
             (inp, out),
+            self._now(opts),
         )
 
     alltoall_base = all_to_all_single
@@ -503,12 +557,13 @@ class ChorusGroup(TorchHooks):
             [(p, byte_view(outs[p])) for p in range(n) if p != r],
             outs,
             (ins, outs),
+            self._now(opts),
         )
 
-    def _p2p_exchange(self, name: str, sends: list, recvs: list, outputs: list, keep: tuple) -> Work:
+    def _p2p_exchange(self, name: str, sends: list, recvs: list, outputs: list, keep: tuple, now: bool = False) -> Work:
         steps = [Step("send", b, None, peer=p) for p, b in sends if b.numel()]
         steps += [Step("recv", None, b, peer=p) for p, b in recvs if b.numel()]
-        return self._submit(name, steps, outputs, keep + tuple(s.send if s.send is not None else s.recv for s in steps), group=True)
+        return self._submit(name, steps, outputs, keep + tuple(s.send if s.send is not None else s.recv for s in steps), group=True, now=now)
 
     def send(self, tensors: List[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
         # Tags are not matched (as with NCCL): messages between two ranks pair in order.
@@ -527,7 +582,7 @@ class ChorusGroup(TorchHooks):
         raise ValueError("recv: the chorus backend needs the source rank (receiving from any source is not supported)")
 
     def barrier(self, opts: object = None) -> Work:
-        return self._submit("barrier", [Step("barrier", None, None)], [], ())
+        return self._submit("barrier", [Step("barrier", None, None)], [], (), now=self._now(opts))
 
     # --- helpers ------------------------------------------------------------------------
 

@@ -34,10 +34,12 @@ class Step:
     def op(self) -> object:
         return chorus.PreMulSum(self.factor) if self.red == "premulsum" else self.red
 
-    def call(self, comm: object) -> object:
-        """Submits this step through ``chorus.Comm``'s public collectives (asynchronously,
-        or into the group being built)."""
-        s, r, a = self.send, self.recv, {"async_op": True}
+    def call(self, comm: object, async_op: bool = True, timeout: Optional[float] = None) -> object:
+        """Submits this step through ``chorus.Comm``'s public collectives: asynchronously,
+        into the group being built, or (``async_op=False``) run to its end before
+        returning, within ``timeout`` seconds if given."""
+        s, r = self.send, self.recv
+        a = {"async_op": True} if async_op else {"async_op": False, "timeout": timeout}
         in_place = s is r
         if self.name == "all_reduce":
             return comm.all_reduce(s, op=self.op(), **a)
@@ -75,6 +77,34 @@ def submit(comm: object, steps: List[Step], group: bool) -> object:
     return work
 
 
+def run(comm: object, steps: List[Step], group: bool, timeout: Optional[float]) -> None:
+    """Runs ``steps`` on ``comm`` and returns once they have finished (raising their chorus
+    error), on this thread when nothing submitted before is unfinished: what torch's
+    blocking collectives (``async_op=False``) get, since torch waits at once anyway.
+    ``timeout`` (seconds, None: the communicator's op timeout) aborts the communicator if
+    they overrun it."""
+    if len(steps) == 1 and not group:
+        steps[0].call(comm, False, timeout)
+        return
+    with comm.group(timeout=timeout):
+        for s in steps:
+            s.call(comm)
+
+
+def all_reduce_now(comm: object, t: torch.Tensor, dtype: str, red: str, factor: float, timeout: Optional[float]) -> None:
+    """Runs the in-place all-reduce of ``t`` (as :func:`all_reduce` describes it) to its
+    end before returning, as :func:`run` runs steps."""
+    inner = getattr(comm, "_c", None)
+    if t.is_cpu and inner is not None and getattr(comm, "_group", None) is None:
+        code, size = _DTYPES[dtype]
+        n = t.numel()
+        mem = (t.data_ptr(), n * size)
+        inner.run([("all_reduce", mem, mem, n, code, red, factor, 0)], False, t, timeout)
+        return
+    op = chorus.PreMulSum(factor) if red == "premulsum" else red
+    comm.all_reduce(t, op=op, timeout=timeout)
+
+
 def all_reduce(comm: object, t: torch.Tensor, dtype: str, red: str, factor: float) -> object:
     """Queues the in-place all-reduce of ``t`` (a checked tensor whose elements chorus
     reduces as ``dtype``) and returns the chorus ``Work``: for a CPU tensor straight to the
@@ -88,6 +118,14 @@ def all_reduce(comm: object, t: torch.Tensor, dtype: str, red: str, factor: floa
         return inner.submit([("all_reduce", mem, mem, n, code, red, factor, 0)], False, t, None)
     op = chorus.PreMulSum(factor) if red == "premulsum" else red
     return comm.all_reduce(t, op=op, async_op=True)
+
+
+def on_host(steps: List[Step]) -> bool:
+    """Whether every tensor the steps name is a CPU tensor."""
+    for s in steps:
+        if (s.send is not None and not s.send.is_cpu) or (s.recv is not None and not s.recv.is_cpu):
+            return False
+    return True
 
 
 def byte_view(t: torch.Tensor) -> torch.Tensor:

@@ -150,6 +150,11 @@ class Work(dist.Work):
         """Blocks until the operation ends and raises its chorus exception if it failed.
         ``timeout`` (torch's convention: zero means none) bounds this wait only: past it,
         ``chorus.Timeout`` is raised and the operation goes on."""
+        calls = self._calls
+        if len(calls) == 1 and calls[0].ended:  # a blocking call returns it ended
+            if calls[0].exc is not None:
+                raise calls[0].exc
+            return True
         seconds = _seconds(timeout)
         deadline = None if seconds is None else time.monotonic() + seconds
         for call in self._calls:

@@ -90,6 +90,19 @@ for method in (f"tcp://127.0.0.1:{port}", f"file://{path}", "env://"):
 found["init_methods"] = 3
 world = dist.group.WORLD
 
+# --- a blocking collective runs on the caller's thread; an async one is queued ----------
+counts = world.comm._c._calls  # (run inline, queued)
+inline, queued = counts()
+ones_reduced()
+b = torch.full((2,), float(rank))
+dist.broadcast(b, src=1)
+assert torch.equal(b, torch.ones(2)), b
+dist.barrier()
+assert counts() == (inline + 3, queued), (counts(), inline, queued)
+w = dist.all_reduce(torch.ones(2), async_op=True)
+assert w.wait() and counts() == (inline + 3, queued + 1), counts()
+found["blocking_inline"] = 3
+
 # --- the torchft watchdog: abort() from another thread releases a blocked wait ---------
 g = dist.new_group(timeout=timedelta(seconds=30))
 if rank == 0:
