@@ -153,6 +153,11 @@ impl Agreement {
         }
     }
 
+    /// The last proposal this member accepted at its epoch, if any.
+    pub(crate) fn accepted(&self) -> Option<&Proposal> {
+        self.accepted.as_ref().map(|(_, p)| p)
+    }
+
     /// Joiners admitted here and not yet in a committed epoch.
     pub(crate) fn pending_joiners(&self) -> &[PeerInfo] {
         &self.joiners

@@ -340,6 +340,7 @@ impl Node {
         let current = self.view.epoch();
         if frame.epoch < current {
             self.stats.stale += 1;
+            self.life_across_epochs(&frame, now);
             self.on_stale(&frame, now);
             return Err(InputError::StaleEpoch {
                 frame: frame.epoch,
@@ -348,6 +349,7 @@ impl Node {
         }
         if frame.epoch > current {
             self.stats.future += 1;
+            self.life_across_epochs(&frame, now);
             return Err(InputError::FutureEpoch {
                 frame: frame.epoch,
                 current,
@@ -684,6 +686,53 @@ impl Node {
         }
         self.stats.catch_ups += 1;
         self.send(frame.from, frame.epoch, Message::Commit(commit));
+    }
+
+    /// A frame of the epoch just before or just after this member's is refused, but it is
+    /// a sign of life all the same: around a shrink, members install the new epoch one by
+    /// one, and a member that installs late heartbeats at the old epoch meanwhile while the
+    /// others heartbeat at the new one. Not counting those frames declared a live member
+    /// dead when its commit came late (a false death). The sender is mapped to this
+    /// epoch's numbering through the commit that installed it (a frame of the old epoch),
+    /// or through the proposal this member accepted (a frame of the next epoch, whose
+    /// commit has not arrived; a higher ballot re-proposes a chosen value, so it is that
+    /// value unless none was chosen yet, and then the commit corrects the view).
+    ///
+    /// Only ranks with an identity in both epochs are mapped: a joiner slot of the new
+    /// epoch has no old rank (`old_rank` is `None`), and a removed rank no new one
+    /// (`new_rank` is `None`). And the frame only defers the detector's verdict: it moves
+    /// the sender's watch baseline and nothing else. The ledger of this epoch (state,
+    /// last heard, evidence) is left as it was, as for every refused frame: a peer this
+    /// member has just started watching stays `Joining`, a suspect stays `Suspect`, until
+    /// a frame of this epoch arrives (the `control_node` fuzz target found a stale
+    /// `Prepare` turning a newly watched rank from `Joining` to `Alive`).
+    fn life_across_epochs(&mut self, frame: &Received, now: Instant) {
+        let current = self.view.epoch();
+        let mapped = if frame.epoch.get().checked_add(1) == Some(current.get()) {
+            self.history
+                .iter()
+                .find(|(c, _, _)| c.proposal.epoch == current)
+                .and_then(|(c, old_world, _)| {
+                    Plan::from_proposal(*old_world, frame.epoch, &c.proposal).ok()
+                })
+                .and_then(|plan| plan.new_rank(frame.from))
+        } else if current.get().checked_add(1) == Some(frame.epoch.get()) {
+            self.agreement
+                .accepted()
+                .filter(|p| p.epoch == frame.epoch)
+                .and_then(|p| Plan::from_proposal(self.view.world(), current, p).ok())
+                .and_then(|plan| plan.old_rank(frame.from))
+        } else {
+            None
+        };
+        let Some(rank) = mapped else { return };
+        if rank == self.view.rank()
+            || rank.get() >= self.view.world()
+            || self.ledger.is_absent(rank)
+        {
+            return;
+        }
+        self.detector.heard(rank, now);
     }
 
     /// A frame from a member this one holds dead: tell it (it may have been frozen).
@@ -2002,6 +2051,133 @@ mod tests {
         let order: Vec<Rank> = knocked.iter().map(|(_, r)| *r).collect();
         assert!(order.len() >= 6 && order.len() <= 7, "{knocked:?}");
         assert_eq!(order[..6], [0, 1, 2, 0, 1, 2].map(Rank), "{knocked:?}");
+    }
+
+    /// The commit of epoch 1 from epoch 0, as rank `from` floods it.
+    fn commit(removed: &[u32], joiners: Vec<PeerInfo>) -> Message {
+        Message::Commit(Commit {
+            ballot: Ballot {
+                round: 1,
+                coordinator: Rank(1),
+            },
+            proposal: Proposal {
+                comm: COMM,
+                epoch: Epoch(1),
+                removed: removed.iter().copied().map(Rank).collect(),
+                joiners,
+            },
+        })
+    }
+
+    /// Runs `n`'s timers on time from `from` to `until` (ms), never late (a late wake is
+    /// credited to the watched peers as this member's stall), and returns when `rank` of
+    /// epoch 1 was first declared dead for a missed deadline in that window, if it was.
+    fn run_timers(n: &mut Node, rank: u32, from: u64, until: u64) -> Option<u64> {
+        let mut at = from;
+        let mut dead = None;
+        loop {
+            n.handle(ms(at), Input::Timeout).unwrap();
+            transmits(n);
+            let declared = events(n).into_iter().any(|e| {
+                matches!(e, Event::PeerDead { epoch: Epoch(1), rank: r, evidence: Evidence::MissedDeadline { .. }, .. } if r == Rank(rank))
+            });
+            if declared && dead.is_none() {
+                dead = Some(at);
+            }
+            let next = n
+                .poll_timeout()
+                .map_or(at + 10, |w| w.as_micros() / 1000)
+                .clamp(at + 1, at + 10);
+            if next > until {
+                return dead;
+            }
+            at = next;
+        }
+    }
+
+    /// The `control_node` fuzz case: rank 0 of 5 installs the epoch without rank 4 and
+    /// starts watching new rank 2 (old rank 2), `Joining` until first heard. A stale
+    /// frame of epoch 0 from old rank 2 is refused and leaves the ledger alone (`Joining`,
+    /// never heard), but it is life all the same: it moves the watch's baseline, so the
+    /// verdict comes a deadline after that frame, not after the watch began. And only
+    /// that long: a stale frame defers a verdict, it does not stop one.
+    #[test]
+    fn a_stale_frame_defers_its_senders_verdict_and_leaves_the_ledger_alone() {
+        let mut n = node(5, 0);
+        n.handle(ms(10), frame(1, 0, commit(&[4], Vec::new())))
+            .unwrap();
+        assert_eq!((n.epoch(), n.world()), (Epoch(1), 4));
+        assert!(n.watched().contains(&Rank(2)), "{:?}", n.watched());
+        assert_eq!(n.ledger().state(Rank(2)), PeerState::Joining);
+        transmits(&mut n);
+        events(&mut n);
+        assert_eq!(run_timers(&mut n, 2, 10, 800), None);
+        let before = n.peers(ms(800));
+        let prepare = Message::Prepare(Prepare {
+            ballot: Ballot {
+                round: 4,
+                coordinator: Rank(1),
+            },
+        });
+        assert_eq!(
+            n.handle(ms(800), frame(2, 0, prepare)),
+            Err(InputError::StaleEpoch {
+                frame: Epoch(0),
+                current: Epoch(1)
+            })
+        );
+        assert_eq!(n.peers(ms(800)), before, "the ledger is as it was");
+        assert_eq!(n.ledger().state(Rank(2)), PeerState::Joining);
+        let dead = run_timers(&mut n, 2, 800, 4000);
+        let deadline = 2000;
+        assert!(
+            dead.is_some_and(|t| (800 + deadline..=800 + deadline + 200).contains(&t)),
+            "declared dead at {dead:?}: a deadline after the stale frame, not after the \
+             watch began (10 ms)"
+        );
+    }
+
+    /// A joiner slot of the new epoch has no old rank: a frame of the old epoch from the
+    /// rank number the joiner now holds (there, a removed member) is no life of the joiner.
+    #[test]
+    fn a_frame_of_the_old_epoch_is_no_life_for_a_joiner_slot() {
+        let joiner = PeerInfo {
+            rank: Rank(2),
+            host: "new".into(),
+            pid: 9,
+            control: chorus_protocol::message::WireAddr {
+                ip: [0; 16],
+                port: 1,
+            },
+            data: chorus_protocol::message::WireAddr {
+                ip: [0; 16],
+                port: 2,
+            },
+            fingerprint: [9; 32],
+            caps: 0,
+            incarnation: 1,
+        };
+        let mut n = node(3, 0);
+        n.handle(ms(10), frame(1, 0, commit(&[2], vec![joiner])))
+            .unwrap();
+        assert_eq!((n.epoch(), n.world()), (Epoch(1), 3));
+        assert!(n.watched().contains(&Rank(2)), "{:?}", n.watched());
+        transmits(&mut n);
+        events(&mut n);
+        let mut at = 10;
+        while at < 1900 {
+            assert_eq!(run_timers(&mut n, 2, at, at + 100), None);
+            at += 100;
+            assert!(n.handle(ms(at), frame(2, 0, heartbeat())).is_err());
+            let rec = n.ledger().record(Rank(2)).expect("the joiner is watched");
+            assert_eq!(rec.last_heard, None, "never heard, at {at} ms");
+            assert_ne!(rec.state, PeerState::Alive, "at {at} ms");
+        }
+        let dead = run_timers(&mut n, 2, at, 2200);
+        assert!(
+            dead.is_some_and(|t| t <= 10 + 2000 + 10),
+            "the joiner's watch began at 10 ms and nothing it sent came: {dead:?}"
+        );
     }
 
     /// Three members, rank 2 dead: rank 0 coordinates the shrink by hand-carried frames,

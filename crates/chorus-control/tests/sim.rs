@@ -467,3 +467,38 @@ fn a_healed_minority_learns_it_was_evicted() {
         }
     }
 }
+
+/// Liveness across an epoch change: proc 1's commits arrive 1.5 deadlines late, so it
+/// installs the shrink long after the others. Meanwhile it keeps heartbeating at the old
+/// epoch, and the others at the new one: each side must count the other's frames of the
+/// neighbouring epoch as life (mapped through the commit, or the proposal it accepted),
+/// or the late member and its observers declare each other dead (a false death).
+#[test]
+fn a_member_that_installs_an_epoch_late_is_not_declared_dead() {
+    for seed in 0..6 {
+        let mut scenario = Scenario::quiet(2200 + seed, 5);
+        scenario.config =
+            chorus_control::Config::from_timing(Duration::from_millis(100), Duration::from_secs(1));
+        scenario.shrink = Some(Duration::from_millis(5));
+        scenario.faults.push(Fault {
+            at: secs(2.0),
+            proc: 4,
+            kind: FaultKind::Crash,
+        });
+        scenario.net.slow.push(sim::Slow {
+            to: 1,
+            kind: Kind::Commit,
+            extra: Duration::from_millis(1500),
+        });
+        scenario.end = secs(8.0);
+        let report = sim::run(scenario.clone());
+        let replay = format!("seed {} ({})", scenario.seed, scenario.summary());
+        for proc in 0..4 {
+            assert_eq!(
+                report.installed[proc as usize], 1,
+                "{replay}: proc {proc} is in the one shrink\n{report}"
+            );
+        }
+        assert_passed(scenario, &report);
+    }
+}

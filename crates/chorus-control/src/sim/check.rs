@@ -238,6 +238,25 @@ pub(crate) fn finish(c: &Cluster) -> Report {
             .map(|v| v.last().map_or(0, |(e, _)| e.get()))
             .collect(),
         evicted: r.faults.iter().map(|f| f.evicted).collect(),
+        installed_at: r
+            .installs
+            .iter()
+            .map(|v| v.last().filter(|(e, _)| e.get() > 0).map(|(_, t)| *t))
+            .collect(),
+        learned: r
+            .learned
+            .iter()
+            .map(|(subject, row)| {
+                let row = (0..procs)
+                    .map(|o| {
+                        row.get(o)
+                            .filter(|t| **t != NEVER)
+                            .map(|t| Instant::from_micros(*t))
+                    })
+                    .collect();
+                (*subject, row)
+            })
+            .collect(),
     }
 }
 

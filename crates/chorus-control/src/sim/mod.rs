@@ -27,7 +27,7 @@ mod report;
 mod rng;
 mod scenario;
 
-pub use network::{Net, Partition};
+pub use network::{Net, Partition, Slow};
 pub use report::{GaveUp, Report, Summary};
 pub use rng::Rng;
 pub use scenario::{Fault, FaultKind, Scenario, secs};

@@ -24,6 +24,18 @@ pub struct Net {
     /// Frame kinds lost on every link, always (agreement traffic that never arrives, to
     /// prove that a request's wait ends at its own deadline).
     pub drop: Vec<Kind>,
+    /// Extra delay for frames of a kind arriving at one process (`Slow`): a member whose
+    /// commits come late installs an epoch after the others.
+    pub slow: Vec<Slow>,
+}
+
+/// Frames of `kind` to process `to` (by its initial rank) arrive `extra` later than the
+/// network's own latency.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slow {
+    pub to: u32,
+    pub kind: Kind,
+    pub extra: Duration,
 }
 
 /// Processes `lo..hi` (by their initial rank) are cut off from all others between `from`
@@ -61,6 +73,7 @@ impl Net {
             loss: 0.0,
             partitions: Vec::new(),
             drop: Vec::new(),
+            slow: Vec::new(),
         }
     }
 
@@ -87,7 +100,13 @@ impl Net {
         if self.loss > 0.0 && rng.chance(self.loss) {
             return None;
         }
-        Some(self.latency + self.extra(rng))
+        let slow: Duration = self
+            .slow
+            .iter()
+            .filter(|s| s.to == b && s.kind == kind)
+            .map(|s| s.extra)
+            .sum();
+        Some(self.latency + self.extra(rng) + slow)
     }
 
     /// Whether a partition separates `a` and `b` at `at` (then no frame and no

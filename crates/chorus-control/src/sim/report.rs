@@ -1,5 +1,6 @@
 //! What a simulated run reports: the properties that failed, and the figures.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -82,6 +83,14 @@ pub struct Report {
     pub installed: Vec<u64>,
     /// When each process was evicted, and at which epoch, by process.
     pub evicted: Vec<Option<(Instant, Epoch)>>,
+    /// When each process installed its last epoch (`None`: it never left epoch 0), by
+    /// process.
+    pub installed_at: Vec<Option<Instant>>,
+    /// When each process first learned a process absent (by verdict or by an agreed
+    /// removal): `learned[&subject][observer]`, by process, `None` if it never did; only
+    /// subjects somebody learned. Partitions have no figure of their own; this is what a
+    /// scenario computes one from.
+    pub learned: BTreeMap<u32, Vec<Option<Instant>>>,
 }
 
 impl Report {

@@ -74,6 +74,7 @@ impl Scenario {
             loss: 0.0,
             partitions: Vec::new(),
             drop: Vec::new(),
+            slow: Vec::new(),
         };
         Scenario {
             seed,
