@@ -66,9 +66,9 @@ where
             if len == 0 {
                 continue;
             }
-            let p = run.recv(left, step(t, k, c), off, len).await?;
-            run.touch();
             if t < n - 1 {
+                let p = run.recv(left, step(t, k, c), off, len).await?;
+                run.touch();
                 run.unpack_reduce(mem, off, &p, op)?;
                 if t == n - 2 && avg {
                     run.divide(mem, off, len, n as u32)?;
@@ -78,9 +78,13 @@ where
                         .await?;
                 }
             } else {
-                run.unpack(mem, off, &p)?;
+                // Straight into the output where the link allows: one copy fewer.
+                run.touch();
+                let p = run
+                    .recv_into(left, step(t, k, c), off, mem, off, len)
+                    .await?;
                 if t + 1 < phases {
-                    run.send(right, step(t + 1, k, c), off, p).await?;
+                    forward(run, right, step(t + 1, k, c), off, mem, len, p).await?;
                 }
             }
         }
@@ -192,11 +196,12 @@ where
             if len == 0 {
                 continue;
             }
-            let p = run.recv(left, step(t, k, c), off, len).await?;
             run.touch();
-            run.unpack(mem, off, &p)?;
+            let p = run
+                .recv_into(left, step(t, k, c), off, mem, off, len)
+                .await?;
             if t + 1 < phases {
-                run.send(right, step(t + 1, k, c), off, p).await?;
+                forward(run, right, step(t + 1, k, c), off, mem, len, p).await?;
             }
         }
     }
@@ -228,11 +233,12 @@ where
             run.send_from(next, step(0, k, c), off, mem, off, len)
                 .await?;
         } else {
-            let p = run.recv(prev, step(0, k, c), off, len).await?;
             run.touch();
-            run.unpack(mem, off, &p)?;
+            let p = run
+                .recv_into(prev, step(0, k, c), off, mem, off, len)
+                .await?;
             if vr < n - 1 {
-                run.send(next, step(0, k, c), off, p).await?;
+                forward(run, next, step(0, k, c), off, mem, len, p).await?;
             }
         }
     }
@@ -307,4 +313,25 @@ where
 /// The ranks to the left (`r - 1`) and to the right (`r + 1`) of `r` on a ring of `n`.
 fn neighbours(r: usize, n: usize) -> (u32, u32) {
     (((r + n - 1) % n) as u32, ((r + 1) % n) as u32)
+}
+
+/// Sends on the `len` bytes at `off` that [`Run::recv_into`] just landed: the payload it
+/// unpacked them from, if there was one (no copy), or the memory itself.
+async fn forward<D, L>(
+    run: &mut Run<'_, D, L>,
+    to: u32,
+    step: u32,
+    off: usize,
+    mem: &D::Mem,
+    len: usize,
+    landed: Option<D::Payload>,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    match landed {
+        Some(p) => run.send(to, step, off, p).await,
+        None => run.send_from(to, step, off, mem, off, len).await,
+    }
 }
