@@ -20,11 +20,23 @@ use crate::gate::{Gate, Side};
 use crate::header::{BASE_VERSION, HEADER_LEN, Header, check_prefix};
 use crate::ids::Rank;
 use crate::limits::Limits;
-use crate::message::{Kind, Message, Role};
-use crate::validation::Invalid;
+use crate::message::{ChunkHeader, Kind, Message, Role};
+use crate::validation::{Invalid, validate_chunk_header};
 
 /// Reserve at least this much when lending the buffer, so small frames are read in batches.
 const MIN_READ: usize = 64 * 1024;
+
+/// The head of a chunk frame whose payload has not been buffered (see
+/// [`Decoder::chunk_head`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkHead {
+    /// The frame's header (its envelope: epoch, sender, sequence).
+    pub frame: Header,
+    /// The chunk's own header, validated against the payload's length.
+    pub chunk: ChunkHeader,
+    /// The payload's length in bytes, within the limits.
+    pub payload_len: usize,
+}
 
 /// The receiving half of one byte stream's framing state.
 #[derive(Debug)]
@@ -184,6 +196,75 @@ impl Decoder {
         self.departed =
             header.kind == Kind::Depart && matches!(self.gate, Gate::Established { .. });
         Ok(Some(Frame { header, message }))
+    }
+
+    /// Bytes still missing before [`Decoder::chunk_head`] can answer for the frame in
+    /// progress: what is missing of its frame header and, for a chunk, of its chunk header.
+    /// A transport that wants to place a payload itself pushes no more than this, so no
+    /// payload byte enters the buffer before it has decided. For frames that are not
+    /// chunks, the rest of the frame, as [`Decoder::wanted`].
+    pub fn head_wanted(&self) -> usize {
+        match &self.pending {
+            Some(h) if h.kind == Kind::Chunk => {
+                (HEADER_LEN + ChunkHeader::LEN).saturating_sub(self.buf.len())
+            }
+            Some(_) => self.wanted(),
+            None => HEADER_LEN.saturating_sub(self.buf.len()),
+        }
+    }
+
+    /// If the frame in progress is a chunk whose frame header and chunk header are
+    /// buffered and none of whose payload is, its head, checked as [`Decoder::next`] would
+    /// check the whole frame (the payload's length included). The caller may then take the
+    /// payload's bytes from its stream itself and end the frame with
+    /// [`Decoder::skip_placed`], or push them as usual. `Ok(None)` otherwise; an error
+    /// poisons the stream.
+    pub fn chunk_head(&mut self) -> Result<Option<ChunkHead>, DecodeError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        let header = match self.pending {
+            Some(h) => h,
+            None => match self.take_header()? {
+                Some(h) => h,
+                None => return Ok(None),
+            },
+        };
+        if header.kind != Kind::Chunk || self.buf.len() != HEADER_LEN + ChunkHeader::LEN {
+            return Ok(None);
+        }
+        let mut fixed = [0u8; ChunkHeader::LEN];
+        fixed.copy_from_slice(&self.buf[HEADER_LEN..]);
+        let payload_len = header.body_len as usize - ChunkHeader::LEN;
+        let chunk = ChunkHeader::parse(&fixed)
+            .and_then(|c| validate_chunk_header(&c, payload_len as u64).map(|()| c))
+            .map_err(|reason| {
+                self.poison(DecodeError::Invalid {
+                    kind: Kind::Chunk,
+                    reason,
+                })
+            })?;
+        Ok(Some(ChunkHead {
+            frame: header,
+            chunk,
+            payload_len,
+        }))
+    }
+
+    /// Ends the frame in progress, a chunk whose head [`Decoder::chunk_head`] returned and
+    /// whose payload the caller has taken from the stream itself (all `payload_len` bytes
+    /// of it, pushing none). The stream goes on with the next frame.
+    pub fn skip_placed(&mut self) -> Result<(), DecodeError> {
+        if self.chunk_head()?.is_none() {
+            return Err(self.poison(DecodeError::Invalid {
+                kind: Kind::Chunk,
+                reason: Invalid::RoleRule("a placed payload without its chunk's head"),
+            }));
+        }
+        self.buf.advance(HEADER_LEN + ChunkHeader::LEN);
+        self.pending = None;
+        self.next_seq += 1;
+        Ok(())
     }
 
     /// Parses and checks the header at the front of the buffer once it is complete, or
@@ -418,6 +499,63 @@ mod tests {
         assert!(buf.capacity() - buf.len() >= ChunkHeader::LEN + (1 << 20));
         buf.extend_from_slice(&bytes[HEADER_LEN..]);
         assert_eq!(d.next().unwrap().unwrap().message, big);
+    }
+
+    #[test]
+    fn a_placed_payload_skips_the_buffer_and_the_stream_goes_on() {
+        let head = ChunkHeader::new(Collective::AllReduce, DType::F32, OpSeq(3), 1, 8);
+        let chunk = Message::Chunk(Chunk {
+            header: head,
+            payload: Bytes::from(vec![7u8; 4096]),
+        });
+        let after = Message::Heartbeat(Heartbeat { seq: 5, digest: 9 });
+        let bytes = stream(&[chunk, after.clone()]);
+        let mut d = open();
+        let mut at = 0;
+        // Fed no more than it asks for, the decoder stops at the chunk's head.
+        while d.head_wanted() > 0 {
+            let n = d.head_wanted().min(7);
+            d.push(&bytes[at..at + n]);
+            at += n;
+            assert_eq!(d.next().unwrap(), None);
+        }
+        let got = d.chunk_head().unwrap().unwrap();
+        assert_eq!((got.chunk, got.payload_len), (head, 4096));
+        assert_eq!(at, HEADER_LEN + ChunkHeader::LEN);
+        at += got.payload_len;
+        d.skip_placed().unwrap();
+        assert_eq!(d.buffered(), 0);
+        d.push(&bytes[at..]);
+        assert_eq!(d.next().unwrap().unwrap().message, after);
+        assert_eq!(d.next_seq(), 2);
+    }
+
+    #[test]
+    fn a_chunk_head_is_validated_and_a_partly_buffered_payload_is_not_placed() {
+        // The encoder refuses a misaligned chunk: write a byte chunk, then claim f32.
+        let bytes_chunk = Message::Chunk(Chunk {
+            header: ChunkHeader::new(Collective::AllReduce, DType::U8, OpSeq(0), 0, 0),
+            payload: Bytes::from(vec![0u8; 6]),
+        });
+        let mut bytes = stream(&[bytes_chunk]);
+        bytes[HEADER_LEN + 1] = DType::F32.code();
+        let mut d = open();
+        d.push(&bytes[..HEADER_LEN + ChunkHeader::LEN]);
+        assert!(matches!(d.chunk_head(), Err(DecodeError::Invalid { .. })));
+        assert!(d.next().is_err(), "the refusal poisons the stream");
+
+        let fine = Message::Chunk(Chunk {
+            header: ChunkHeader::new(Collective::AllReduce, DType::F32, OpSeq(0), 0, 0),
+            payload: Bytes::from(vec![0u8; 8]),
+        });
+        let bytes = stream(std::slice::from_ref(&fine));
+        let mut d = open();
+        d.push(&bytes[..HEADER_LEN + ChunkHeader::LEN + 1]);
+        assert_eq!(d.chunk_head().unwrap(), None);
+        assert!(
+            d.skip_placed().is_err(),
+            "nothing to skip once a payload byte is in"
+        );
     }
 
     #[test]

@@ -75,7 +75,7 @@ pub mod samples;
 pub mod validation;
 
 pub use code::CloseCode;
-pub use decoder::Decoder;
+pub use decoder::{ChunkHead, Decoder};
 pub use dtype::{Collective, DType, ReduceOp};
 pub use error::{DecodeError, EncodeError};
 pub use frame::{Encoder, Frame};

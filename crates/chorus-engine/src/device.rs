@@ -105,6 +105,19 @@ pub trait Device: Send + Sync + 'static {
         None
     }
 
+    /// `dst[off..][..len]` as host bytes a link can receive into directly (see
+    /// [`crate::link::Link::recv_into`]), when this device's memory is host memory;
+    /// `None` (the default) otherwise, and the engine unpacks a payload instead.
+    fn host_bytes_mut<'m>(
+        &self,
+        dst: &'m mut Self::Mem,
+        off: usize,
+        len: usize,
+    ) -> Option<Result<&'m mut [u8], DeviceError>> {
+        let _ = (dst, off, len);
+        None
+    }
+
     /// A payload holding a copy of `src[off..][..len]`, for a link to send.
     fn pack(&self, src: &Self::Mem, off: usize, len: usize) -> Result<Self::Payload, DeviceError>;
 

@@ -141,6 +141,15 @@ impl Device for HostDevice {
         Some(region(src, off, len))
     }
 
+    fn host_bytes_mut<'m>(
+        &self,
+        dst: &'m mut [u8],
+        off: usize,
+        len: usize,
+    ) -> Option<Result<&'m mut [u8], DeviceError>> {
+        Some(region_mut(dst, off, len))
+    }
+
     fn pack(&self, src: &[u8], off: usize, len: usize) -> Result<Bytes, DeviceError> {
         Ok(pool::copy(region(src, off, len)?))
     }

@@ -59,6 +59,19 @@ pub trait Link<P = Bytes>: Send + Sync {
     /// The payload the peer sends under `tag`.
     fn recv(&self, tag: Tag) -> LinkFuture<'_, P>;
 
+    /// Receive the payload the peer sends under `tag` straight into the host bytes `dst`,
+    /// without the caller unpacking a payload: a link that can copy from its transport's
+    /// buffers into `dst` does, and copies a held payload otherwise. Resolves with the
+    /// payload's length; the bytes are in `dst` only when that length is `dst.len()` (the
+    /// caller reports any other length as a size mismatch). A future dropped while still
+    /// pending may have written part of `dst`, and the payload is then lost to later
+    /// receives, like an aborted operation's output. `None` (the default) means this link
+    /// delivers only payloads, and the caller uses `recv`.
+    fn recv_into<'a>(&'a self, tag: Tag, dst: &'a mut [u8]) -> Option<LinkFuture<'a, usize>> {
+        let _ = (tag, dst);
+        None
+    }
+
     /// Fail everything pending and everything later with `reason` (see the contract above).
     fn cancel(&self, reason: CancelReason);
 

@@ -250,7 +250,7 @@ where
         &mut self,
         step: Option<u32>,
         peer: u32,
-        mut fut: LinkFuture<'e, T>,
+        mut fut: LinkFuture<'_, T>,
     ) -> Result<T, OpError> {
         if let Some(step) = step {
             self.at_step = Some(step);
@@ -412,6 +412,53 @@ where
         let fut = link.recv(self.tag(index, offset));
         let payload = self.wait(Some(step), peer, fut).await?;
         let got = self.dev.payload_len(&payload);
+        self.consumed(link, peer, step, len, got)?;
+        Ok(payload)
+    }
+
+    /// [`Run::recv`] of `len` bytes into `mem[off..]`: received straight into the memory
+    /// when both the device and the link allow it (`None` then), received as a payload and
+    /// unpacked otherwise (`Some(payload)`, which the caller may forward without packing it
+    /// again).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn recv_into(
+        &mut self,
+        peer: u32,
+        step: u32,
+        offset: usize,
+        mem: &mut D::Mem,
+        off: usize,
+        len: usize,
+    ) -> Result<Option<D::Payload>, OpError> {
+        let link = self.link(peer)?;
+        let index = self.flows.get(peer).consumed as u32;
+        let tag = self.tag(index, offset);
+        match self.dev.host_bytes_mut(mem, off, len) {
+            Some(Ok(dst)) => {
+                if let Some(fut) = link.recv_into(tag, dst) {
+                    let got = self.wait(Some(step), peer, fut).await?;
+                    self.consumed(link, peer, step, len, got)?;
+                    return Ok(None);
+                }
+            }
+            Some(Err(e)) => return Err(self.device(e)),
+            None => {}
+        }
+        let payload = self.recv(peer, step, offset, len).await?;
+        self.unpack(mem, off, &payload)?;
+        Ok(Some(payload))
+    }
+
+    /// A payload of `got` bytes (`len` expected) from `peer` was received: count it, and
+    /// return credit when a grant's worth has been consumed.
+    fn consumed(
+        &mut self,
+        link: &'e L,
+        peer: u32,
+        step: u32,
+        len: usize,
+        got: usize,
+    ) -> Result<(), OpError> {
         if got != len {
             return Err(self.error(OpErrorKind::SizeMismatch { expected: len, got }));
         }
@@ -424,7 +471,7 @@ where
             let empty = self.empty()?;
             self.post(link, peer, tag, empty, step)?;
         }
-        Ok(payload)
+        Ok(())
     }
 
     /// Wait until every send has been handed to its link and every credit the peers will

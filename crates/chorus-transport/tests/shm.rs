@@ -179,6 +179,110 @@ fn round_trip_every_size_both_ways_and_early_arrivals_are_held() {
     });
 }
 
+/// `recv_into` lands every size in the destination, whether the spin places it straight
+/// from the ring or the frame was held first; another length is reported, never copied.
+#[test]
+fn recv_into_lands_every_size_and_reports_another_length() {
+    shared(async {
+        let cfg = TransportConfig {
+            shm_ring: 64 << 10,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        for (i, len) in [1, 4095, 4096, 65_536, 300_000, 4 << 20]
+            .into_iter()
+            .enumerate()
+        {
+            let op = i as u64;
+            let payload = pattern(len, op as u8);
+            let mut dst = vec![0u8; len];
+            let (s, r) = tokio::join!(
+                a.send(tag(op, 0), payload.clone()),
+                b.recv_into(tag(op, 0), &mut dst).unwrap()
+            );
+            s.unwrap();
+            assert_eq!(r.unwrap(), len);
+            assert!(dst == payload, "{len} bytes placed wrong");
+            // Sent before the receive is posted (small ones read and held by the pump
+            // meanwhile): copied from the frame.
+            a.send(tag(op, 1), payload.clone()).await.unwrap();
+            let mut held = vec![0u8; len];
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            assert_eq!(b.recv_into(tag(op, 1), &mut held).unwrap().await, Ok(len));
+            assert!(held == payload, "{len} held bytes landed wrong");
+        }
+        // Another length: the peer's length comes back and the destination is untouched.
+        a.send(tag(50, 0), pattern(8192, 1)).await.unwrap();
+        let mut short = vec![7u8; 4096];
+        assert_eq!(b.recv_into(tag(50, 0), &mut short).unwrap().await, Ok(8192));
+        assert!(short.iter().all(|&x| x == 7));
+        // The stream goes on in order after placed payloads.
+        transfer(&a, &b, 51, 100_000).await;
+        let mut other = tag(52, 0);
+        other.collective = chorus_protocol::Collective::Broadcast;
+        a.send(other, pattern(8192, 2)).await.unwrap();
+        let mut dst = vec![0u8; 8192];
+        let err = b
+            .recv_into(tag(52, 0), &mut dst)
+            .unwrap()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            LinkError::TagMismatch {
+                expected: tag(52, 0),
+                got: other
+            }
+        );
+    });
+}
+
+/// A payload that stalls halfway past the spin window is handed back to the decoder and
+/// finished by the pump: the destination still gets every byte, in order; a lying head
+/// met while placing is a protocol violation.
+#[test]
+fn recv_into_survives_a_stalled_payload_and_refuses_a_bad_head() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let len = 64 << 10;
+        let payload = pattern(len, 3);
+        let mut frame = chunk_prefix(&mut raw, 1, len);
+        frame.extend_from_slice(&payload);
+        let writer = std::thread::spawn(move || {
+            let cut = chorus_protocol::HEADER_LEN + ChunkHeader::LEN + len / 3;
+            raw.write(&frame[..cut], WAIT);
+            std::thread::sleep(Duration::from_millis(50));
+            raw.write(&frame[cut..], WAIT);
+            raw
+        });
+        let mut dst = vec![0u8; len];
+        let got = tokio::time::timeout(WAIT, link.recv_into(tag(1, 0), &mut dst).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(got, Ok(len));
+        assert!(dst == payload, "a stalled payload landed wrong");
+        let mut raw = writer.join().unwrap();
+
+        // A chunk whose payload length is no multiple of its dtype's size.
+        let mut frame = chunk_prefix(&mut raw, 2, 4096 + 2);
+        frame[chorus_protocol::HEADER_LEN + 1] = DType::F32.code();
+        frame.extend_from_slice(&[0u8; 4096 + 2]);
+        raw.write(&frame, WAIT);
+        let mut dst = vec![0u8; 4096];
+        let r = tokio::time::timeout(WAIT, link.recv_into(tag(2, 0), &mut dst).unwrap())
+            .await
+            .unwrap();
+        assert!(
+            matches!(r, Err(LinkError::Protocol { .. })),
+            "misaligned chunk: {r:?}"
+        );
+    });
+}
+
 #[test]
 fn mismatched_collective_is_named() {
     shared(async {

@@ -106,15 +106,22 @@ where
         if let Some(i) = inn.filter(|_| c < ki) {
             let (s, l) = cut(i.len, ce, c);
             let off = (i.start + s) * es;
-            let p = run
-                .recv(peer, step(phase, k, c), i.tag_base + s * es, l * es)
-                .await?;
-            if output {
-                run.touch();
-            }
+            let (tag_off, step) = (i.tag_base + s * es, step(phase, k, c));
             match land {
-                Land::Reduce(op) => run.unpack_reduce(mem, off, &p, op)?,
-                Land::Copy => run.unpack(mem, off, &p)?,
+                Land::Reduce(op) => {
+                    let p = run.recv(peer, step, tag_off, l * es).await?;
+                    if output {
+                        run.touch();
+                    }
+                    run.unpack_reduce(mem, off, &p, op)?;
+                }
+                Land::Copy => {
+                    // The link may write the memory while the receive is pending.
+                    if output {
+                        run.touch();
+                    }
+                    run.recv_into(peer, step, tag_off, mem, off, l * es).await?;
+                }
             }
         }
     }

@@ -71,9 +71,9 @@ where
             if len == 0 {
                 continue;
             }
-            let p = run.recv(left, step(t, k, c), off, len).await?;
-            run.touch();
             if t < n - 1 {
+                let p = run.recv(left, step(t, k, c), off, len).await?;
+                run.touch();
                 // Each chunk of the reduce-scatter is received once: the first time `mem`
                 // holds it, so the input's copy goes there now.
                 if let Some(input) = input {
@@ -88,9 +88,13 @@ where
                         .await?;
                 }
             } else {
-                run.unpack(mem, off, &p)?;
+                // Straight into the output where the link allows: one copy fewer.
+                run.touch();
+                let p = run
+                    .recv_into(left, step(t, k, c), off, mem, off, len)
+                    .await?;
                 if t + 1 < phases {
-                    run.send(right, step(t + 1, k, c), off, p).await?;
+                    forward(run, right, step(t + 1, k, c), off, mem, len, p).await?;
                 }
             }
         }
@@ -202,11 +206,12 @@ where
             if len == 0 {
                 continue;
             }
-            let p = run.recv(left, step(t, k, c), off, len).await?;
             run.touch();
-            run.unpack(mem, off, &p)?;
+            let p = run
+                .recv_into(left, step(t, k, c), off, mem, off, len)
+                .await?;
             if t + 1 < phases {
-                run.send(right, step(t + 1, k, c), off, p).await?;
+                forward(run, right, step(t + 1, k, c), off, mem, len, p).await?;
             }
         }
     }
@@ -238,11 +243,12 @@ where
             run.send_from(next, step(0, k, c), off, mem, off, len)
                 .await?;
         } else {
-            let p = run.recv(prev, step(0, k, c), off, len).await?;
             run.touch();
-            run.unpack(mem, off, &p)?;
+            let p = run
+                .recv_into(prev, step(0, k, c), off, mem, off, len)
+                .await?;
             if vr < n - 1 {
-                run.send(next, step(0, k, c), off, p).await?;
+                forward(run, next, step(0, k, c), off, mem, len, p).await?;
             }
         }
     }
@@ -317,4 +323,25 @@ where
 /// The ranks to the left (`r - 1`) and to the right (`r + 1`) of `r` on a ring of `n`.
 fn neighbours(r: usize, n: usize) -> (u32, u32) {
     (((r + n - 1) % n) as u32, ((r + 1) % n) as u32)
+}
+
+/// Sends on the `len` bytes at `off` that [`Run::recv_into`] just landed: the payload it
+/// unpacked them from, if there was one (no copy), or the memory itself.
+async fn forward<D, L>(
+    run: &mut Run<'_, D, L>,
+    to: u32,
+    step: u32,
+    off: usize,
+    mem: &D::Mem,
+    len: usize,
+    landed: Option<D::Payload>,
+) -> Result<(), OpError>
+where
+    D: Device,
+    L: Link<D::Payload> + ?Sized,
+{
+    match landed {
+        Some(p) => run.send(to, step, off, p).await,
+        None => run.send_from(to, step, off, mem, off, len).await,
+    }
 }

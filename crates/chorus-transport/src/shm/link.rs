@@ -18,10 +18,22 @@ use chorus_protocol::message::Depart;
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 
 use super::patience::{Patience, near_miss};
-use super::reader::Pumped;
+use super::reader::{Place, Placed, Pumped};
 use super::shared::Shared;
 use crate::outbound;
 use crate::spin::{CROWDED_NAP, SpinBudget, a_core_is_free};
+
+/// Payloads shorter than this are not placed by `recv_into` (read whole frames and copy):
+/// placing stops the reader at every frame's head, which costs more than a small copy.
+const PLACE_MIN: usize = 4096;
+
+/// What a spin found for its tag.
+enum Got {
+    /// The frame's payload.
+    Payload(Bytes),
+    /// The payload is in the spin's destination.
+    Placed,
+}
 
 /// A data link to one peer through shared memory. Cancel it (or drop it) to leave.
 #[derive(Debug)]
@@ -53,9 +65,37 @@ impl ShmLink {
     }
 
     async fn recv_chunk(&self, tag: Tag) -> Result<Bytes, LinkError> {
-        if let Some(result) = self.spin(&tag) {
-            return result;
+        match self.spin(&tag, None) {
+            Some(Ok(Got::Payload(p))) => return Ok(p),
+            Some(Err(e)) => return Err(e),
+            Some(Ok(Got::Placed)) | None => {}
         }
+        self.park(tag).await
+    }
+
+    /// `recv_into`: the spin places a payload that has not reached the decoder yet
+    /// straight into `dst`; a payload that did (the pump read it, or the spin gave up) is
+    /// copied from the frame.
+    async fn recv_chunk_into(&self, tag: Tag, dst: &mut [u8]) -> Result<usize, LinkError> {
+        let spun = if dst.len() >= PLACE_MIN {
+            self.spin(&tag, Some(&mut *dst))
+        } else {
+            self.spin(&tag, None)
+        };
+        let payload = match spun {
+            Some(Ok(Got::Placed)) => return Ok(dst.len()),
+            Some(Ok(Got::Payload(p))) => p,
+            Some(Err(e)) => return Err(e),
+            None => self.park(tag).await?,
+        };
+        if payload.len() == dst.len() {
+            dst.copy_from_slice(&payload);
+        }
+        Ok(payload.len())
+    }
+
+    /// Registers the receive and waits for the pump to deliver it.
+    async fn park(&self, tag: Tag) -> Result<Bytes, LinkError> {
         let s = &*self.shared;
         let mut waiting = match s.matcher.register(tag) {
             Ok(waiting) => waiting,
@@ -79,11 +119,12 @@ impl ShmLink {
     }
 
     /// Reads the peer's ring on this thread until `tag`'s payload (or the link's failure)
-    /// is here or the spin window has passed; `None` then.
-    fn spin(&self, tag: &Tag) -> Option<Result<Bytes, LinkError>> {
+    /// is here or the spin window has passed; `None` then. With `dst`, a payload of its
+    /// length whose head the spin reads itself is placed there (`Got::Placed`).
+    fn spin(&self, tag: &Tag, mut dst: Option<&mut [u8]>) -> Option<Result<Got, LinkError>> {
         let matcher = &self.shared.matcher;
         if let Some(result) = matcher.take(tag) {
-            return Some(result);
+            return Some(result.map(Got::Payload));
         }
         let window = self.spin.window();
         if window.is_zero() {
@@ -93,10 +134,26 @@ impl ShmLink {
         let mut crowded = false;
         let mut tries = 0u32;
         let result = loop {
-            let took = self.read_ring();
+            let took = match dst.as_deref_mut() {
+                Some(dst) => {
+                    let mut place = Place {
+                        tag: *tag,
+                        dst,
+                        window,
+                    };
+                    match self.shared.try_place(&mut place) {
+                        Placed::Done => {
+                            self.spin.caught();
+                            break Some(Ok(Got::Placed));
+                        }
+                        Placed::Not(pumped) => self.pumped(pumped),
+                    }
+                }
+                None => self.read_ring(),
+            };
             if let Some(result) = matcher.take(tag) {
                 self.spin.caught();
-                break Some(result);
+                break Some(result.map(Got::Payload));
             }
             let now = Instant::now();
             patience.took(now, took);
@@ -125,7 +182,12 @@ impl ShmLink {
 
     /// One pass over the peer's ring; the bytes it took.
     fn read_ring(&self) -> usize {
-        match self.shared.try_pump() {
+        self.pumped(self.shared.try_pump())
+    }
+
+    /// The bytes a pass took, carrying out the close it found.
+    fn pumped(&self, pumped: Pumped) -> usize {
+        match pumped {
             Pumped::Drained(n) => n,
             Pumped::Busy => 0,
             Pumped::Close(depart) => {
@@ -217,6 +279,10 @@ impl Link<Bytes> for ShmLink {
 
     fn recv(&self, tag: Tag) -> LinkFuture<'_, Bytes> {
         Box::pin(self.recv_chunk(tag))
+    }
+
+    fn recv_into<'a>(&'a self, tag: Tag, dst: &'a mut [u8]) -> Option<LinkFuture<'a, usize>> {
+        Some(Box::pin(self.recv_chunk_into(tag, dst)))
     }
 
     fn cancel(&self, reason: CancelReason) {

@@ -9,10 +9,14 @@
 //! the peer writes.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use chorus_protocol::CloseCode;
+use chorus_engine::link::Tag;
 use chorus_protocol::message::Depart;
+use chorus_protocol::{ChunkHead, CloseCode, Collective, DType};
 
+use super::patience::Patience;
+use super::ring::RingError;
 use super::shared::{ReadState, Shared};
 use crate::inbound::{self, Flow};
 
@@ -69,14 +73,7 @@ impl Shared {
             let tail = self.tail(peer).load(Ordering::Acquire);
             let spans = match st.consumer.readable(tail, usize::MAX) {
                 Ok(spans) => spans,
-                Err(e) => {
-                    let flow = inbound::on_violation(
-                        &self.matcher,
-                        CloseCode::PROTOCOL_VIOLATION,
-                        format!("shm ring: {e}"),
-                    );
-                    return st.end(flow_depart(flow));
-                }
+                Err(e) => return st.end(flow_depart(self.ring_violation(&e))),
             };
             if spans.is_empty() {
                 return Pumped::Drained(taken);
@@ -110,5 +107,159 @@ fn flow_depart(flow: Flow) -> Option<Depart> {
     match flow {
         Flow::Close(depart) => depart,
         Flow::Continue => None,
+    }
+}
+
+/// A receive on this thread that takes its chunk's payload from the ring straight into
+/// `dst` (`Link::recv_into`), skipping the decoder's buffer: one copy fewer.
+///
+/// Only the thread that polls the receive ever writes `dst`, and only inside one pass that
+/// holds the reader lock from the chunk's head to its last byte, so the borrow can never
+/// outlive the bytes' arrival. A pass that must give up halfway (the peer stalls past
+/// `window`, the link fails) hands the part it placed back to the decoder, which then holds
+/// exactly what it would have read itself, and the pump finishes the frame as usual.
+pub(super) struct Place<'d> {
+    pub(super) tag: Tag,
+    pub(super) dst: &'d mut [u8],
+    /// How long the placement waits without progress for the rest of the payload.
+    pub(super) window: Duration,
+}
+
+/// What a placing pass found.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Placed {
+    /// The chunk's payload is in `dst`.
+    Done,
+    /// It is not (yet): what the pass did otherwise.
+    Not(Pumped),
+}
+
+impl Shared {
+    /// Like [`Shared::try_pump`], but the chunk `place` waits for is placed straight into
+    /// its destination if its payload has not been buffered yet. The pass copies no more
+    /// from the ring than the frame in progress needs, so it stops at each frame's head.
+    pub(super) fn try_place(&self, place: &mut Place<'_>) -> Placed {
+        let Some(mut guard) = self.reader.try_lock() else {
+            return Placed::Not(Pumped::Busy);
+        };
+        let st = &mut *guard;
+        if let Some(depart) = &st.ended {
+            return Placed::Not(Pumped::Close(depart.clone()));
+        }
+        let peer = self.me.peer();
+        let mut taken = 0;
+        loop {
+            if let Flow::Close(depart) = self.decode(st) {
+                return Placed::Not(st.end(depart));
+            }
+            match st.decoder.chunk_head() {
+                Ok(Some(head)) if self.is_for(&head, place) => {
+                    return match self.place(st, place) {
+                        Ok(true) => Placed::Done,
+                        Ok(false) => Placed::Not(Pumped::Drained(taken)),
+                        Err(flow) => Placed::Not(st.end(flow_depart(flow))),
+                    };
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let flow = inbound::on_decode_error(&self.matcher, &e);
+                    return Placed::Not(st.end(flow_depart(flow)));
+                }
+            }
+            let want = match st.decoder.head_wanted() {
+                0 => st.decoder.wanted(),
+                n => n,
+            };
+            let tail = self.tail(peer).load(Ordering::Acquire);
+            let spans = match st.consumer.readable(tail, want) {
+                Ok(spans) => spans,
+                Err(e) => return Placed::Not(st.end(flow_depart(self.ring_violation(&e)))),
+            };
+            if spans.is_empty() {
+                return Placed::Not(Pumped::Drained(taken));
+            }
+            self.seg.copy_out(peer, &spans, st.decoder.recv_buf());
+            let head = st.consumer.consume(spans.len());
+            taken += spans.len();
+            self.head(peer).store(head, Ordering::SeqCst);
+            self.notify_peer();
+        }
+    }
+
+    /// Whether the chunk whose head is buffered is the one `place` waits for: the same tag,
+    /// a payload of exactly its length, the link's epoch, and no failure recorded. Anything
+    /// else takes the decoder's path, which reports what is wrong.
+    fn is_for(&self, head: &ChunkHead, place: &Place<'_>) -> bool {
+        let c = &head.chunk;
+        let tag = Tag {
+            collective: match Collective::from_code(c.collective) {
+                Some(collective) => collective,
+                None => return false,
+            },
+            op: c.op,
+            step: c.step,
+            offset: c.offset,
+            dtype: match DType::from_code(c.dtype) {
+                Some(dtype) => dtype,
+                None => return false,
+            },
+        };
+        tag == place.tag
+            && head.payload_len == place.dst.len()
+            && head.frame.epoch == self.peer.epoch
+            && self.matcher.terminal().is_none()
+    }
+
+    /// Copies the payload of the chunk whose head is buffered from the ring into `place`:
+    /// `Ok(true)` once all of it is there and the frame is ended; `Ok(false)` if it gave
+    /// up, the part it placed handed back to the decoder.
+    fn place(&self, st: &mut ReadState, place: &mut Place<'_>) -> Result<bool, Flow> {
+        let peer = self.me.peer();
+        let len = place.dst.len();
+        let mut filled = 0;
+        let mut patience = Patience::new(Instant::now(), place.window);
+        let mut tries = 0u32;
+        while filled < len {
+            let tail = self.tail(peer).load(Ordering::Acquire);
+            let spans = st
+                .consumer
+                .readable(tail, len - filled)
+                .map_err(|e| self.ring_violation(&e))?;
+            if !spans.is_empty() {
+                let n = spans.len();
+                // In range: `readable` returns at most `len - filled` bytes.
+                self.seg
+                    .copy_out_to(peer, &spans, &mut place.dst[filled..filled + n]);
+                filled += n;
+                let head = st.consumer.consume(n);
+                self.head(peer).store(head, Ordering::SeqCst);
+                self.notify_peer();
+                patience.took(Instant::now(), n);
+                continue;
+            }
+            let now = Instant::now();
+            if patience.spent(now) || self.peer_closed() || self.matcher.terminal().is_some() {
+                st.decoder.push(&place.dst[..filled]);
+                return Ok(false);
+            }
+            tries += 1;
+            if tries.is_multiple_of(16) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        match st.decoder.skip_placed() {
+            Ok(()) => Ok(true),
+            Err(e) => Err(inbound::on_decode_error(&self.matcher, &e)),
+        }
+    }
+
+    fn ring_violation(&self, e: &RingError) -> Flow {
+        inbound::on_violation(
+            &self.matcher,
+            CloseCode::PROTOCOL_VIOLATION,
+            format!("shm ring: {e}"),
+        )
     }
 }

@@ -204,6 +204,37 @@ impl Segment {
             }
         }
     }
+
+    /// Copies the bytes at `spans` of the ring side `s` writes into `dst`, which is
+    /// exactly as long as the spans.
+    pub(crate) fn copy_out_to(&self, s: Side, spans: &Spans, dst: &mut [u8]) {
+        let data = self.layout.data(s);
+        assert_eq!(
+            dst.len(),
+            spans.len(),
+            "destination and spans differ in length"
+        );
+        let mut at = 0;
+        for span in [&spans.first, &spans.second] {
+            if span.is_empty() {
+                continue;
+            }
+            assert!(data.start + span.end <= data.end, "span outside the ring");
+            let n = span.len();
+            // SAFETY: the source lies inside the mapping (asserted above); the destination
+            // is `n` bytes of `dst` (the lengths are asserted equal above). The peer may
+            // write the source meanwhile: the bytes are a chunk's payload, which no rule
+            // constrains, so garbage is the peer's wrong data, never unsoundness.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.base.as_ptr().add(data.start + span.start),
+                    dst.as_mut_ptr().add(at),
+                    n,
+                );
+            }
+            at += n;
+        }
+    }
 }
 
 impl Drop for Segment {

@@ -14,6 +14,12 @@ use super::shared::Shared;
 /// early, large enough that the publishing costs nothing next to the copy.
 const PIECE: usize = 64 << 10;
 
+/// Bytes published before a sleeping peer is woken, unless the write ends first: a peer
+/// that spins sees every piece's tail at once, but one that sleeps is woken once per batch
+/// rather than once per piece (each wake-up is a system call here and a context switch
+/// there, more than a piece's copy costs).
+const WAKE_BATCH: usize = 4 * PIECE;
+
 impl Shared {
     /// Copies as much of `parts` (in order) as our ring has room for; returns how many
     /// bytes it took. A head the peer moved out of range is a protocol violation.
@@ -22,8 +28,23 @@ impl Shared {
         producer: &mut Producer,
         parts: [&[u8]; 2],
     ) -> Result<usize, LinkError> {
-        let me = self.me;
         let mut written = 0;
+        let mut unannounced = 0;
+        let result = self.write_pieces(producer, parts, &mut written, &mut unannounced);
+        if unannounced > 0 {
+            self.notify_peer();
+        }
+        result.map(|()| written)
+    }
+
+    fn write_pieces(
+        &self,
+        producer: &mut Producer,
+        parts: [&[u8]; 2],
+        written: &mut usize,
+        unannounced: &mut usize,
+    ) -> Result<(), LinkError> {
+        let me = self.me;
         for mut part in parts {
             while !part.is_empty() {
                 let head = self.head(me).load(Ordering::Acquire);
@@ -34,18 +55,22 @@ impl Shared {
                         detail: format!("shm ring: {e}"),
                     })?;
                 if spans.is_empty() {
-                    return Ok(written);
+                    return Ok(());
                 }
                 let n = spans.len();
                 self.seg.copy_in(me, &spans, &part[..n]);
                 let tail = producer.produce(n);
                 self.tail(me).store(tail, Ordering::SeqCst);
-                self.notify_peer();
-                written += n;
+                *written += n;
+                *unannounced += n;
+                if *unannounced >= WAKE_BATCH {
+                    self.notify_peer();
+                    *unannounced = 0;
+                }
                 part = &part[n..];
             }
         }
-        Ok(written)
+        Ok(())
     }
 
     /// Whether the peer has taken everything we wrote.
