@@ -136,13 +136,20 @@ impl TransportConfig {
     }
 }
 
-/// Payload sizes at or above which the io_uring backend uses `SEND_ZC`, per path.
+/// Payload sizes at or above which the io_uring backend uses `SEND_ZC`, per path. The
+/// default is never, on every path, because zero-copy lost wherever it was measured:
 ///
-/// Measured with `cargo bench -p chorus-benches --bench transport`: on loopback a copying
-/// send beat `SEND_ZC` at every size from 16 KiB to 4 MiB (the loopback receiver copies
-/// anyway, so zero-copy only adds page pinning and a second completion), hence `loopback`
-/// defaults to never. Over a NIC the kernel can send from the pinned pages; 256 KiB is the
-/// default there, *not measured here* (no NIC on the test machine) — tune it per fabric.
+/// - on loopback a copying send beat `SEND_ZC` at every size from 16 KiB to 4 MiB
+///   (`cargo bench -p chorus-benches --bench transport`): the loopback receiver copies
+///   anyway, so zero-copy only adds page pinning and a second completion;
+/// - across two network namespaces joined by a veth pair (`benches/peer/netns.sh`), the same
+///   `chorus bench` with a 256 KiB remote threshold against never, alternated, 2 rounds each
+///   (2026-12-02): 8 MiB all-reduce 11.0–13.4 → 6.4–7.2 ms at 2 ranks and 31–35 → 18–19 ms
+///   at 4 ranks; 2 MiB at 4 ranks 8.0–8.1 → 5.1–5.5 ms. A veth peer copies like loopback.
+///
+/// Over a physical NIC the kernel can send from the pinned pages and zero-copy may win; that
+/// has not been measured (no NIC on the test machine), so set `remote` per fabric after
+/// measuring it.
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub struct ZeroCopy {
     /// Threshold for peers on a loopback address (`usize::MAX`: never).
@@ -155,7 +162,7 @@ impl Default for ZeroCopy {
     fn default() -> Self {
         Self {
             loopback: usize::MAX,
-            remote: 256 << 10,
+            remote: usize::MAX,
         }
     }
 }
