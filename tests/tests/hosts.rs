@@ -437,43 +437,69 @@ fn one_way_loss_ends_in_one_membership_within_two_deadlines() {
     no_failure_yet(&mut bed, "asymmetric loss");
     bed.drop_one_way(from, to).unwrap();
     let at = chorus_tests::clock::mono_ns();
+    let bound_ms = 2.0 * DEADLINE_MS * 1.2;
+    for s in 0..6 {
+        let f = expect(&mut bed, s, &["failed"]);
+        let failed_ms = ms_between(at, f.t());
+        println!(
+            "one-way {from}->{to}: slot {s} failed ({}) {failed_ms:.0} ms after the drop",
+            f.kind()
+        );
+        assert!(
+            failed_ms <= bound_ms,
+            "slot {s} failed {failed_ms:.0} ms after the drop"
+        );
+    }
+    // The agreement may take more than one epoch: a first shrink that keeps one rank of the
+    // lossy host, then a second that removes it, which the first epoch's members follow by
+    // failing and shrinking again. What must be one is where it ends, by the bound; so the
+    // reports are read once the bound has passed (plus time for a late one to show).
+    let settle = Duration::from_secs_f64((bound_ms + 500.0) / 1000.0);
+    std::thread::sleep(settle.saturating_sub(Duration::from_nanos(
+        chorus_tests::clock::mono_ns().saturating_sub(at),
+    )));
     let mut agreed = BTreeSet::new();
     let mut members = 0;
     for s in 0..6 {
-        let f = expect(&mut bed, s, &["failed"]);
-        // A shrink that fails because yet another member failed is retried; one that
-        // cannot succeed ends in destroy.
-        let e = expect(&mut bed, s, &["shrunk", "destroyed"]);
-        let refusals: Vec<Event> = bed
-            .log(s)
-            .into_iter()
-            .filter(|e| e.ev() == "shrink-failed")
+        let log = bed.log(s);
+        let ends: Vec<&Event> = log
+            .iter()
+            .filter(|e| e.t() >= at && matches!(e.ev(), "shrunk" | "destroyed"))
             .collect();
-        let tries: Vec<String> = refusals.iter().map(|e| e.kind().to_owned()).collect();
-        // Where the agreement ended for this rank: its shrink, or the refusal that put it out.
-        let end = match (e.ev(), refusals.last()) {
-            ("destroyed", Some(last)) => last.t(),
-            _ => e.t(),
+        let tries: Vec<String> = log
+            .iter()
+            .filter(|e| e.t() >= at && e.ev() == "shrink-failed")
+            .map(|e| e.kind().to_owned())
+            .collect();
+        let epochs: Vec<String> = ends
+            .iter()
+            .map(|e| format!("{}@e{}", e.ev(), e.u64("epoch").unwrap_or(0)))
+            .collect();
+        let Some(last) = ends.last() else {
+            panic!("slot {s}: neither shrunk nor stopped{}", bed.diagnose());
         };
-        let (failed_ms, ended_ms) = (ms_between(at, f.t()), ms_between(at, end));
+        // Where the agreement ended for this rank: its last shrink, or the refusal that put
+        // it out.
+        let end = match (
+            last.ev(),
+            log.iter().rev().find(|e| e.ev() == "shrink-failed"),
+        ) {
+            ("destroyed", Some(refusal)) => refusal.t(),
+            _ => last.t(),
+        };
+        let ended_ms = ms_between(at, end);
         println!(
-            "one-way {from}->{to}: slot {s} failed ({}) {failed_ms:.0} ms after the drop, \
-             {} (agreement ended at {ended_ms:.0} ms), failed shrinks {tries:?}",
-            f.kind(),
-            e.ev()
+            "one-way {from}->{to}: slot {s}: {epochs:?}, agreement ended at {ended_ms:.0} ms, \
+             failed shrinks {tries:?}"
         );
         assert!(
-            ended_ms <= 2.0 * DEADLINE_MS * 1.2,
+            ended_ms <= bound_ms,
             "slot {s}: the agreement ended for it {ended_ms:.0} ms after the drop{}",
             bed.diagnose()
         );
-        if e.ev() == "shrunk" {
+        if last.ev() == "shrunk" {
             members += 1;
-            agreed.insert((e.u64("epoch"), e.u64("comm"), e.u64("world")));
-            assert!(
-                failed_ms <= 2.0 * DEADLINE_MS,
-                "member slot {s} failed {failed_ms:.0} ms after"
-            );
+            agreed.insert((last.u64("epoch"), last.u64("comm"), last.u64("world")));
         } else {
             assert!(
                 tries.iter().any(|k| k == "evicted" || k == "no-quorum"),
