@@ -171,15 +171,8 @@ impl Decoder {
     /// poisons this stream.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Frame>, DecodeError> {
-        if let Some(e) = &self.poisoned {
-            return Err(e.clone());
-        }
-        let header = match self.pending {
-            Some(h) => h,
-            None => match self.take_header()? {
-                Some(h) => h,
-                None => return Ok(None),
-            },
+        let Some(header) = self.frame_header()? else {
+            return Ok(None);
         };
         let total = HEADER_LEN + header.body_len as usize;
         if self.buf.len() < total {
@@ -196,6 +189,18 @@ impl Decoder {
         self.departed =
             header.kind == Kind::Depart && matches!(self.gate, Gate::Established { .. });
         Ok(Some(Frame { header, message }))
+    }
+
+    /// The header of the frame in progress, taken from the buffer if it is complete;
+    /// `Ok(None)` while it is not, the poisoning error once the stream is poisoned.
+    fn frame_header(&mut self) -> Result<Option<Header>, DecodeError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        match self.pending {
+            Some(h) => Ok(Some(h)),
+            None => self.take_header(),
+        }
     }
 
     /// Bytes still missing before [`Decoder::chunk_head`] can answer for the frame in
@@ -220,15 +225,8 @@ impl Decoder {
     /// [`Decoder::skip_placed`], or push them as usual. `Ok(None)` otherwise; an error
     /// poisons the stream.
     pub fn chunk_head(&mut self) -> Result<Option<ChunkHead>, DecodeError> {
-        if let Some(e) = &self.poisoned {
-            return Err(e.clone());
-        }
-        let header = match self.pending {
-            Some(h) => h,
-            None => match self.take_header()? {
-                Some(h) => h,
-                None => return Ok(None),
-            },
+        let Some(header) = self.frame_header()? else {
+            return Ok(None);
         };
         if header.kind != Kind::Chunk || self.buf.len() != HEADER_LEN + ChunkHeader::LEN {
             return Ok(None);
