@@ -278,28 +278,59 @@ impl TcpConnection {
     /// only if it is the link's first failure, and a link reads at once, so a peer that
     /// half-closed right after its `Hello` would win that race and get a bare end of stream.
     pub async fn refuse(mut self, code: CloseCode, detail: impl Into<String>) {
+        use teardown::{Action, Event, Teardown};
+        use tokio::io::AsyncWriteExt;
+        use tokio::time::Instant;
+
         let Some(mut stream) = self.stream.take() else {
             return;
         };
-        let budget = self.transport.inner.cfg.depart_timeout;
-        let deadline = tokio::time::Instant::now() + budget;
-        let me = self.greeted.me;
-        let depart = Message::Depart(Depart::new(code, detail.into()));
-        let mut bytes = bytes::BytesMut::new();
-        if self
-            .greeted
-            .encoder
-            .encode(&me, &depart, &mut bytes)
-            .is_ok()
-        {
-            use tokio::io::AsyncWriteExt;
-            let written = tokio::time::timeout_at(deadline, stream.write_all(&bytes)).await;
-            if matches!(written, Ok(Ok(()))) {
-                socket::shutdown_write(stream.as_fd());
-                flush(&stream, deadline).await;
-            }
+        // The same close sequence the links carry out (teardown.rs), on a stream that is
+        // on a frame boundary with a departure to send.
+        let mut close = Teardown::new(Instant::now(), self.transport.inner.cfg.depart_timeout);
+        let mut action = close.handle(Instant::now(), Event::Boundary { departure: true });
+        let mut detail = Some(detail.into());
+        loop {
+            let event = match action {
+                Action::Depart => {
+                    let me = self.greeted.me;
+                    let depart =
+                        Message::Depart(Depart::new(code, detail.take().unwrap_or_default()));
+                    let mut bytes = bytes::BytesMut::new();
+                    let until = close.deadline().unwrap_or_else(Instant::now);
+                    match self.greeted.encoder.encode(&me, &depart, &mut bytes) {
+                        Err(_) => Event::WriteFailed,
+                        Ok(_) => {
+                            match tokio::time::timeout_at(until, stream.write_all(&bytes)).await {
+                                Ok(Ok(())) => Event::Departed,
+                                Ok(Err(_)) => Event::WriteFailed,
+                                Err(_) => Event::Tick,
+                            }
+                        }
+                    }
+                }
+                Action::HalfClose => {
+                    socket::shutdown_write(stream.as_fd());
+                    Event::Unacked(socket::unacknowledged(stream.as_fd()))
+                }
+                Action::Continue => {
+                    if let Some(at) = close.deadline() {
+                        tokio::time::sleep_until(at).await;
+                    }
+                    if close.is_flushing() {
+                        Event::Unacked(socket::unacknowledged(stream.as_fd()))
+                    } else {
+                        Event::Tick
+                    }
+                }
+                Action::Shut => {
+                    socket::shutdown_of(&stream);
+                    return;
+                }
+                Action::Done => return,
+            };
+            action = close.handle(Instant::now(), event);
         }
-        socket::shutdown_of(&stream);
     }
 
     /// Turns a `Role::Data` connection into the data link to its peer, on the transport's
@@ -441,19 +472,6 @@ async fn handshake_one(
             socket::shutdown_of(&stream);
             None
         }
-    }
-}
-
-/// Waits until the peer has acknowledged every byte written on `stream` (`SIOCOUTQ`), or
-/// `deadline`: a shut with the departure still unacknowledged could lose it (teardown.rs).
-async fn flush(stream: &TcpStream, deadline: tokio::time::Instant) {
-    let mut pause = Duration::from_micros(200);
-    while socket::unacknowledged(stream.as_fd()).is_some_and(|n| n > 0) {
-        if tokio::time::Instant::now() >= deadline {
-            return;
-        }
-        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
-        pause = (pause * 2).min(Duration::from_millis(10));
     }
 }
 
