@@ -1308,6 +1308,27 @@ mod tests {
 
     use super::*;
 
+    /// A process that is not yet a member, as it announces itself: rank `rank` (the slot it
+    /// is given, or `LAUNCHER` before one), process `pid`, its fingerprint made of `pid`.
+    fn newcomer(rank: Rank, pid: u32, incarnation: u64) -> PeerInfo {
+        PeerInfo {
+            rank,
+            host: "new".into(),
+            pid,
+            control: chorus_protocol::message::WireAddr {
+                ip: [0; 16],
+                port: 1,
+            },
+            data: chorus_protocol::message::WireAddr {
+                ip: [0; 16],
+                port: 2,
+            },
+            fingerprint: [pid as u8; 32],
+            caps: 0,
+            incarnation,
+        }
+    }
+
     const COMM: CommId = CommId(7);
 
     fn ms(v: u64) -> Instant {
@@ -2141,22 +2162,7 @@ mod tests {
     /// rank number the joiner now holds (there, a removed member) is no life of the joiner.
     #[test]
     fn a_frame_of_the_old_epoch_is_no_life_for_a_joiner_slot() {
-        let joiner = PeerInfo {
-            rank: Rank(2),
-            host: "new".into(),
-            pid: 9,
-            control: chorus_protocol::message::WireAddr {
-                ip: [0; 16],
-                port: 1,
-            },
-            data: chorus_protocol::message::WireAddr {
-                ip: [0; 16],
-                port: 2,
-            },
-            fingerprint: [9; 32],
-            caps: 0,
-            incarnation: 1,
-        };
+        let joiner = newcomer(Rank(2), 9, 1);
         let mut n = node(3, 0);
         n.handle(ms(10), frame(1, 0, commit(&[2], vec![joiner])))
             .unwrap();
@@ -2374,22 +2380,7 @@ mod tests {
     #[test]
     fn a_relayed_grow_join_is_coordinated_here() {
         let mut n = node(3, 2);
-        let joiner = PeerInfo {
-            rank: LAUNCHER,
-            host: "new".into(),
-            pid: 1,
-            control: chorus_protocol::message::WireAddr {
-                ip: [0; 16],
-                port: 1,
-            },
-            data: chorus_protocol::message::WireAddr {
-                ip: [0; 16],
-                port: 2,
-            },
-            fingerprint: [7; 32],
-            caps: 0,
-            incarnation: 0,
-        };
+        let joiner = newcomer(LAUNCHER, 1, 0);
         let join = Message::Join(chorus_protocol::message::Join {
             world: 0,
             peer: joiner,
