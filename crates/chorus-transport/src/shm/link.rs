@@ -3,8 +3,8 @@
 //! A `send` that finds the stream idle copies its frame into our ring on the caller's
 //! thread; only what the ring has no room for goes to the pump. A `recv` that finds nothing
 //! held reads the peer's ring itself for a while (the same adaptive, crowded-core-aware
-//! window as TCP's, `spin.rs`, counted from the last bytes taken: `patience.rs`), then parks and leaves the ring to the pump, which the
-//! peer wakes through the segment's futex.
+//! window as TCP's, `spin.rs`, counted from the last bytes taken: `patience.rs`), then
+//! parks and leaves the ring to the pump, which the peer wakes through the segment's futex.
 //!
 //! Leaving is a `Depart` frame in the ring, then the one-way closed word and a wake-up:
 //! nothing depends on who else holds the segment's descriptor (principle 1).

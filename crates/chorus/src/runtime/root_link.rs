@@ -6,8 +6,9 @@
 //! The launcher is the witness for its node's ranks only: it sends `LauncherWitness`
 //! notices to a rank's neighbours exactly as [`super::root::RootHost::witness_exit`] does,
 //! and, for a rank that exits before the root has its table (it died before joining), to
-//! the root, which then fails the bootstrap at once; nothing else. What to do when the root goes quiet is the launcher's decision; this
-//! only reports when it last answered and why the last ask failed.
+//! the root, which then fails the bootstrap at once; nothing else. What to do when the root
+//! goes quiet is the launcher's decision; this only reports when it last answered and why
+//! the last ask failed.
 
 use std::collections::VecDeque;
 use std::thread;
