@@ -183,17 +183,8 @@ class ChorusGroup(TorchHooks):
             return Work([self._batch_call], outputs)
         if now and steps and _link.on_host(steps):
             # torch waits for it as soon as this returns: run it here, on this thread,
-            # rather than wake the submission thread for it (see _run_now).
-            call = _Call(self, name, None, outputs, post)
-            timeout = self._run_timeout()
-            try:
-                _link.run(self._comm, steps, group, timeout)
-            except BaseException as e:  # the operation failed (or Ctrl-C aborted it)
-                call._end(self._run_error(e, name, timeout))
-            else:
-                call._end(None)
-            self._last = call
-            return Work([call])
+            # rather than wake the submission thread for it.
+            return self._run_here(name, outputs, lambda timeout: _link.run(self._comm, steps, group, timeout), post)
         deadline = self._deadline()
         work = _link.submit(self._comm, steps, group) if steps else None
         call = _Call(self, name, work, outputs, post, deadline)
@@ -202,6 +193,26 @@ class ChorusGroup(TorchHooks):
         else:
             self._last = call
         return Work([call])
+
+    def _run_here(
+        self,
+        name: str,
+        outputs: List[torch.Tensor],
+        run: Callable[[Optional[float]], None],
+        post: Optional[Callable[[], None]] = None,
+    ) -> Work:
+        """A blocking call run to its end on this thread by ``run(timeout)``: the ``Work``
+        returned has ended, and its ``wait()`` raises the error, if any, as for any other."""
+        call = _Call(self, name, None, outputs, post)
+        timeout = self._run_timeout()
+        try:
+            run(timeout)
+        except BaseException as e:  # the operation failed (or Ctrl-C aborted it)
+            call._end(self._run_error(e, name, timeout))
+        else:
+            call._end(None)
+        self._last = call
+        return Work([call], outputs)
 
     @staticmethod
     def _now(opts: object) -> bool:
@@ -273,18 +284,13 @@ class ChorusGroup(TorchHooks):
             t = tensors[0]
             r = _ops.reducible(check_tensor(t, "tensors[0]"), red, "tensors[0]")
             rr = r.red  # bool tensors reduce as bytes, with max or min
-            if opts is not None and opts.asyncOp is False and t.is_cpu:
+            if self._now(opts) and t.is_cpu:
                 # dist.all_reduce(async_op=False): torch waits at once, so run it here.
-                call = _Call(self, "all_reduce", None, tensors)
-                timeout = None if self._timeout >= self._comm_timeout else self._timeout
-                try:
-                    _link.all_reduce_now(self._comm, r.tensor, r.dtype, rr.name, rr.factor, timeout)
-                except BaseException as e:  # the operation failed (or Ctrl-C aborted it)
-                    call._end(self._run_error(e, "all_reduce", timeout))
-                else:
-                    call.ended = True
-                self._last = call
-                return Work([call], tensors)
+                return self._run_here(
+                    "all_reduce",
+                    tensors,
+                    lambda timeout: _link.all_reduce_now(self._comm, r.tensor, r.dtype, rr.name, rr.factor, timeout),
+                )
             work = _link.all_reduce(self._comm, r.tensor, r.dtype, rr.name, rr.factor)
             call = _Call(self, "all_reduce", work, tensors, None, self._deadline())
             self._last = call
