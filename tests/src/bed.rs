@@ -142,8 +142,10 @@ impl Bed {
             run("ip", &["netns", "add", &host.ns])?;
             bed.hosts.push(host);
             let h = &bed.hosts[i];
+            // A fixed address per host, so that [`Bed::pin_neighbours`] needs no lookup.
+            let mac = host_mac(i);
             let peer = [
-                "link", "add", &h.veth, "type", "veth", "peer", "name", &h.port,
+                "link", "add", &h.veth, "address", &mac, "type", "veth", "peer", "name", &h.port,
             ];
             run("ip", &peer)?;
             run("ip", &["link", "set", &h.veth, "netns", &h.ns])?;
@@ -156,6 +158,38 @@ impl Bed {
             run("ip", &["-n", &h.ns, "link", "set", "lo", "up"])?;
         }
         Ok(bed)
+    }
+
+    /// Pins every host's neighbour entries for the others (static ARP), so a cut that
+    /// heals carries packets at once. Without it, a host whose link was down re-resolves
+    /// its peers after the heal, and Linux sends an unresolved neighbour's next ARP request
+    /// only once per `retrans_time` (1 s): the first packets after a heal wait 0 to 1 s
+    /// for the network, whatever the program above it does (measured on this bed: 10 ms
+    /// pinned, 90 to 860 ms not, by the phase of the cut against the ARP timer).
+    pub fn pin_neighbours(&self) -> Result<(), String> {
+        for (i, h) in self.hosts.iter().enumerate() {
+            for (j, other) in self.hosts.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let (addr, mac) = (other.addr.to_string(), host_mac(j));
+                let args = [
+                    "-n",
+                    &h.ns,
+                    "neigh",
+                    "replace",
+                    &addr,
+                    "lladdr",
+                    &mac,
+                    "dev",
+                    &h.veth,
+                    "nud",
+                    "permanent",
+                ];
+                run("ip", &args)?;
+            }
+        }
+        Ok(())
     }
 
     /// Host `i`'s address.
@@ -578,6 +612,11 @@ pub fn chorus_bin() -> Result<PathBuf, String> {
             path.display()
         ))
     }
+}
+
+/// Host `i`'s link-layer address: locally administered, unique in the bed.
+fn host_mac(i: usize) -> String {
+    format!("02:77:00:00:{:02x}:{:02x}", (i >> 8) & 0xff, i & 0xff)
 }
 
 fn run(program: &str, args: &[&str]) -> Result<(), String> {

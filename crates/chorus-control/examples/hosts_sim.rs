@@ -16,14 +16,16 @@
 //! the bed does once every survivor reports `shrunk`): from the heal to each minority rank's
 //! eviction. One-way loss has no model in the simulator and is left to the bed.
 //!
-//! The healed partition is where the simulator and the bed part most: here a minority
+//! The healed partition is where the simulator and the bed parted most: here a minority
 //! rank's next frame after the heal (its heartbeat to its observer rank 0, at epoch 0)
-//! arrives at once and is answered `Depart{evicted}`, tens of ms; the bed took p50 0.8-1.1 s
-//! (`chorus-figures hosts --only heal`). The simulator has no transport: in the bed that
-//! frame goes on a QUIC connection, or a dial, that has been sending into the cut for
-//! seconds, and is not resent before its backed-off retransmission timer fires (quinn's
-//! initial RTT of 333 ms puts the first handshake resend a second out, then doubling).
-//! That is the likely cause; it is not yet confirmed by a packet trace.
+//! arrives at once and is answered `Depart{evicted}`, tens of ms; the bed took 0.8-1.1 s.
+//! A trace of both sides found two waits the simulator does not model: the bed's ARP (a
+//! host whose link was down re-resolves its peers, one ARP request per second, 0 to 1 s
+//! with no packet crossing), and QUIC handshakes opened into the cut whose resend waited on
+//! quinn's 333 ms initial RTT. The runtime now sets the initial RTT from the heartbeat
+//! interval and starts a fresh attempt for a frame waiting on an old one; with the bed's
+//! neighbours pinned (`chorus-figures hosts --only heal --pin-neighbours`) the bed's median
+//! is this table's (tests/README.md has both side by side).
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 

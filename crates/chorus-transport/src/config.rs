@@ -211,6 +211,16 @@ impl Liveness {
     pub fn keep_alive(&self) -> Duration {
         (self.heartbeat_interval / 2).max(Duration::from_millis(10))
     }
+
+    /// The round trip QUIC assumes before its first sample: a quarter of the heartbeat
+    /// interval (at most RFC 9002's 333 ms). It sets when a lost handshake packet is sent
+    /// again (three of it): with the RFC's value a connection opened into a cut that then
+    /// heals waits a second for its first resend, far longer than the heartbeats the
+    /// liveness contract is built on. Too small an estimate on a slow path costs one
+    /// early resend of a handshake packet; samples replace it after the first answer.
+    pub fn initial_rtt(&self) -> Duration {
+        (self.heartbeat_interval / 4).clamp(Duration::from_millis(1), Duration::from_millis(333))
+    }
 }
 
 #[cfg(test)]
@@ -232,5 +242,16 @@ mod tests {
         let l = Liveness::default();
         assert!(l.idle_timeout() > l.deadline);
         assert!(l.keep_alive() < l.heartbeat_interval);
+        // A handshake packet lost into a cut is resent within an interval, not a second.
+        assert!(3 * l.initial_rtt() < l.heartbeat_interval, "{l:?}");
+        let slow = Liveness {
+            heartbeat_interval: Duration::from_secs(5),
+            deadline: Duration::from_secs(60),
+        };
+        assert_eq!(
+            slow.initial_rtt(),
+            Duration::from_millis(333),
+            "RFC 9002's at most"
+        );
     }
 }

@@ -231,6 +231,55 @@ async fn a_connection_dropped_unclosed_is_not_a_departure() {
     assert!(!gone(&r), "a dropped channel read as a departure: {r:?}");
 }
 
+/// A connect whose caller stops waiting ends there: it does not go on resending its
+/// handshake into a black hole until `connect_timeout`, and a caller may start a fresh one
+/// (what a control stream opener does when a cut may have backed the old one off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_given_up_stops_sending() {
+    // An idle timeout (deadline + interval) long past the resends counted below.
+    let liveness = Liveness {
+        heartbeat_interval: Duration::from_millis(100),
+        deadline: Duration::from_secs(3),
+    };
+    let ep = QuicEndpoint::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        &Identity::generate().unwrap(),
+        fresh::job_secret(),
+        config(),
+        liveness,
+        admit_all(Rank(1)),
+    )
+    .unwrap();
+    let hole = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = hole.local_addr().unwrap();
+    let nobody = Identity::generate().unwrap().fingerprint();
+    let attempt = ep.connect(addr, nobody, Role::Member, route(1), Rank(0));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), attempt)
+            .await
+            .is_err(),
+        "nobody answers a black hole"
+    );
+    // What the handshake sent, and its close, arrive first.
+    let before = datagrams(&hole, Duration::from_millis(150)).await;
+    assert!(before >= 1, "the handshake started");
+    // Left running, it would resend at every probe timeout: three times the initial RTT
+    // (a quarter of the 100 ms interval), doubling, so about 0.5 s and 1.1 s in.
+    let after = datagrams(&hole, Duration::from_millis(1200)).await;
+    assert_eq!(after, 0, "a given-up connect kept sending");
+}
+
+/// How many datagrams reach `socket` within `within`.
+async fn datagrams(socket: &tokio::net::UdpSocket, within: Duration) -> usize {
+    let until = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; 2048];
+    let mut n = 0;
+    while let Ok(Ok(_)) = tokio::time::timeout_at(until, socket.recv_from(&mut buf)).await {
+        n += 1;
+    }
+    n
+}
+
 /// Seed 000 over QUIC: a forked child holds the UDP socket; the cancel's CONNECTION_CLOSE
 /// reaches the peer anyway (UDP has no "last close" to wait for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

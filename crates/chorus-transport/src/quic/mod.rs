@@ -134,67 +134,67 @@ impl QuicEndpoint {
         peer: Rank,
     ) -> Result<QuicConnection, TransportError> {
         let inner = self.inner.clone();
-        self.inner
-            .progress
-            .run(async move {
-                let client = inner.client_config(fingerprint)?;
-                let connecting = inner
-                    .endpoint
-                    .connect_with(client, addr, SERVER_NAME)
-                    .map_err(|e| TransportError::Quic(e.to_string()))?;
-                let conn = match tokio::time::timeout(inner.cfg.connect_timeout, connecting).await {
-                    Ok(Ok(c)) => c,
-                    Ok(Err(e)) => return Err(TransportError::Quic(format!("connect {addr}: {e}"))),
-                    Err(_) => {
-                        return Err(TransportError::ConnectTimeout {
-                            addr,
-                            attempts: 1,
-                            elapsed: inner.cfg.connect_timeout,
-                            last: "quic handshake timed out".into(),
-                        });
-                    }
-                };
-                let deadline = Instant::now() + inner.cfg.handshake_timeout;
-                let hs = async {
-                    let mut config = ConnectorConfig::new(
-                        inner.secret.clone(),
-                        me,
-                        role,
-                        fresh::nonce(),
-                        deadline,
-                    );
-                    config.peer = Some(peer);
-                    config.limits = inner.cfg.limits();
-                    config.binding = binding(&conn)?;
-                    let (mut send, mut recv) = conn
-                        .open_bi()
-                        .await
-                        .map_err(|e| TransportError::Quic(e.to_string()))?;
-                    let greeted = handshake::connect(&mut recv, &mut send, addr, config).await?;
-                    Ok::<_, TransportError>((send, recv, greeted))
-                };
-                // `handshake::connect` bounds itself by the deadline; this bounds opening
-                // the stream too.
-                let timeout = inner.cfg.handshake_timeout;
-                let result = match tokio::time::timeout_at(deadline.into(), hs).await {
-                    Ok(r) => r,
-                    Err(_) => Err(TransportError::HandshakeTimeout { addr, timeout }),
-                };
-                match result {
-                    Ok((send, recv, greeted)) => Ok(QuicConnection {
-                        conn: Unclaimed::new(conn),
-                        send,
-                        recv,
-                        greeted,
-                        endpoint: QuicEndpoint { inner },
-                    }),
-                    Err(e) => {
-                        conn.close(code_of(e.code()), e.to_string().as_bytes());
-                        Err(e)
-                    }
+        // The handshake runs on the progress thread; a caller that stops waiting (an
+        // opener replaced by a fresher attempt, or past its deadline) ends it there too,
+        // rather than leaving it to retransmit on its own until `connect_timeout`.
+        let task = Cancel(self.inner.progress.handle().spawn(async move {
+            let client = inner.client_config(fingerprint)?;
+            let connecting = inner
+                .endpoint
+                .connect_with(client, addr, SERVER_NAME)
+                .map_err(|e| TransportError::Quic(e.to_string()))?;
+            let conn = match tokio::time::timeout(inner.cfg.connect_timeout, connecting).await {
+                // Unclaimed from here: cancelled during the `Hello` exchange, it closes
+                // with `deadline` (a refusal), never quinn's implicit `normal`.
+                Ok(Ok(c)) => Unclaimed::new(c),
+                Ok(Err(e)) => return Err(TransportError::Quic(format!("connect {addr}: {e}"))),
+                Err(_) => {
+                    return Err(TransportError::ConnectTimeout {
+                        addr,
+                        attempts: 1,
+                        elapsed: inner.cfg.connect_timeout,
+                        last: "quic handshake timed out".into(),
+                    });
                 }
-            })
-            .await?
+            };
+            let deadline = Instant::now() + inner.cfg.handshake_timeout;
+            let hs = async {
+                let mut config =
+                    ConnectorConfig::new(inner.secret.clone(), me, role, fresh::nonce(), deadline);
+                config.peer = Some(peer);
+                config.limits = inner.cfg.limits();
+                config.binding = binding(conn.get())?;
+                let (mut send, mut recv) = conn
+                    .get()
+                    .open_bi()
+                    .await
+                    .map_err(|e| TransportError::Quic(e.to_string()))?;
+                let greeted = handshake::connect(&mut recv, &mut send, addr, config).await?;
+                Ok::<_, TransportError>((send, recv, greeted))
+            };
+            // `handshake::connect` bounds itself by the deadline; this bounds opening
+            // the stream too.
+            let timeout = inner.cfg.handshake_timeout;
+            let result = match tokio::time::timeout_at(deadline.into(), hs).await {
+                Ok(r) => r,
+                Err(_) => Err(TransportError::HandshakeTimeout { addr, timeout }),
+            };
+            match result {
+                Ok((send, recv, greeted)) => Ok(QuicConnection {
+                    conn,
+                    send,
+                    recv,
+                    greeted,
+                    endpoint: QuicEndpoint { inner },
+                }),
+                Err(e) => {
+                    conn.get()
+                        .close(code_of(e.code()), e.to_string().as_bytes());
+                    Err(e)
+                }
+            }
+        }));
+        task.await
     }
 
     /// The next authenticated incoming connection, waiting at most `timeout`.
@@ -247,6 +247,7 @@ fn transport_config(liveness: &Liveness) -> Result<quinn::TransportConfig, Trans
         .map_err(|e| TransportError::Quic(format!("idle timeout: {e}")))?;
     t.max_idle_timeout(Some(idle));
     t.keep_alive_interval(Some(liveness.keep_alive()));
+    t.initial_rtt(liveness.initial_rtt());
     // Windows sized for bulk transfer on fast links (the defaults cap a stream near
     // 1.25 MiB in flight).
     t.stream_receive_window(VarInt::from_u32(32 << 20));
@@ -510,5 +511,27 @@ fn write_error(e: WriteError) -> LinkError {
     match e {
         WriteError::ConnectionLost(c) => connection_error(&c),
         other => lost(&format!("write: {other}")),
+    }
+}
+
+/// A task on the progress thread that is aborted when whoever waits on it stops waiting.
+struct Cancel<T>(tokio::task::JoinHandle<T>);
+
+impl<T> std::future::Future for Cancel<Result<T, TransportError>> {
+    type Output = Result<T, TransportError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|joined| joined.unwrap_or(Err(TransportError::Shutdown)))
+    }
+}
+
+impl<T> Drop for Cancel<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -3,11 +3,11 @@
 //!
 //! quinn closes a connection whose every handle is dropped with application code 0, and 0
 //! is chorus's `normal`: a graceful departure (SPEC 6). A connection given up before
-//! anyone used it — a connect whose caller stopped waiting (a control stream opener past
-//! its deadline: the connect itself runs on the progress thread and still completes), an
-//! accepted one nobody takes — would tell the peer, which may already have admitted it,
-//! that this member left. It is closed with `deadline` instead: a live peer's refusal,
-//! not evidence that it is gone.
+//! anyone used it — a connect whose caller stopped waiting in the middle of its `Hello`
+//! exchange (a control stream opener past its deadline, or replaced by a fresher attempt),
+//! a connected one nobody claims, an accepted one nobody takes — would tell the peer,
+//! which may already have admitted it, that this member left. It is closed with
+//! `deadline` instead: a live peer's refusal, not evidence that it is gone.
 
 use chorus_protocol::CloseCode;
 use quinn::Connection;

@@ -68,6 +68,7 @@ impl LineageTask {
             me.clone(),
             session.config.teardown_budget / 2,
             session.config.heartbeat_deadline,
+            session.config.heartbeat_interval,
         );
         let mut task = LineageTask {
             session,
@@ -143,9 +144,10 @@ impl LineageTask {
             LineageMsg::ConnectFailed {
                 peer,
                 epoch,
+                attempt,
                 refused,
             } => {
-                self.channels.connect_failed(peer, epoch);
+                self.channels.connect_failed(peer, epoch, attempt);
                 if let Some(code) = refused {
                     self.input(Input::ConnectionClosed { peer, epoch, code });
                 }
