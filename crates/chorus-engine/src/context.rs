@@ -309,6 +309,14 @@ pub struct Aborted {
     key: Option<u64>,
 }
 
+impl Aborted {
+    /// The reason, if the context is aborted now: a lock-free look that registers nothing
+    /// (polling the future registers its waker).
+    pub fn now(&self) -> Option<AbortReason> {
+        self.node.reason.get().cloned()
+    }
+}
+
 impl Future for Aborted {
     type Output = AbortReason;
 

@@ -30,6 +30,7 @@ use std::task::{Poll, Waker};
 
 use chorus_protocol::{Collective, DType, OpSeq, Rank, ReduceOp};
 use futures::stream::{FuturesUnordered, StreamExt};
+use smallvec::SmallVec;
 
 use crate::context::Aborted;
 use crate::device::{Device, DeviceError};
@@ -58,15 +59,17 @@ struct Flow {
 
 /// Flow state per peer of one operation. Most operations talk to a handful of peers
 /// (two in a ring, `log2 n` in doubling), so a short list searched in order beats hashing;
-/// past [`Flows::FEW`] peers (all-to-all, gather) a map takes over.
+/// past [`Flows::FEW`] peers (all-to-all, gather) a map takes over. The first
+/// [`Flows::INLINE`] live in the `Run` itself: a small operation allocates nothing here.
 #[derive(Default)]
 struct Flows {
-    few: Vec<(u32, Flow)>,
+    few: SmallVec<[(u32, Flow); Flows::INLINE]>,
     many: IdMap<u32, Flow>,
 }
 
 impl Flows {
     const FEW: usize = 16;
+    const INLINE: usize = 4;
 
     /// The flow towards and from `peer`, created empty on first use.
     fn get(&mut self, peer: u32) -> &mut Flow {
@@ -260,7 +263,11 @@ where
         let aborted = &mut self.aborted;
         let sends = &mut self.sends;
         let result = poll_fn(|cx| {
-            if let Poll::Ready(reason) = Pin::new(&mut *aborted).poll(cx) {
+            // The abort is looked at first, without a lock; its waker is registered only
+            // when the wait is about to sleep (below), so a wait whose payload is already
+            // here (most of a small operation's) costs no lock, allocation or hashing in
+            // the context. An abort set before this poll still wins, as before.
+            if let Some(reason) = aborted.now() {
                 return Poll::Ready(Err(Failure::Aborted(reason)));
             }
             if let Some(sends) = sends.as_mut() {
@@ -270,7 +277,15 @@ where
                     }
                 }
             }
-            fut.as_mut().poll(cx).map(|r| r.map_err(Failure::Link))
+            if let Poll::Ready(r) = fut.as_mut().poll(cx) {
+                return Poll::Ready(r.map_err(Failure::Link));
+            }
+            // Registers the waker, re-checking the abort under the context's lock, so an
+            // abort between the first look and here is not missed.
+            match Pin::new(&mut *aborted).poll(cx) {
+                Poll::Ready(reason) => Poll::Ready(Err(Failure::Aborted(reason))),
+                Poll::Pending => Poll::Pending,
+            }
         })
         .await;
         self.progress.leave();
@@ -619,4 +634,122 @@ enum Failure {
     Aborted(crate::context::AbortReason),
     Link(LinkError),
     Send(Rank, u32, LinkError),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use chorus_protocol::{Collective, DType, OpSeq, Rank};
+
+    use super::*;
+    use crate::config::Algorithm;
+    use crate::context::{AbortReason, Context};
+    use crate::host_device::HostDevice;
+    use crate::local::{HeldLimit, LocalLink};
+
+    /// A run of rank 0 in a world of two over `links` (`None` at rank 0), in `ctx`.
+    fn run_in<'e>(
+        dev: &'e HostDevice,
+        links: &'e [Option<Arc<LocalLink<Bytes>>>],
+        token: &'e <HostDevice as Device>::Owned,
+        ctx: &Context,
+    ) -> Run<'e, HostDevice, LocalLink<Bytes>> {
+        let progress = Arc::new(OpProgress::new(
+            OpSeq(0),
+            Collective::AllReduce,
+            Some(DType::F32),
+            8,
+            Algorithm::RecursiveDoubling,
+            None,
+            ctx.child(),
+        ));
+        let setup = RunSetup {
+            dev,
+            links,
+            token,
+            rank: 0,
+            world: 2,
+            chunk_bytes: 1 << 20,
+            depth: 4,
+        };
+        Run::new(setup, Collective::AllReduce, OpSeq(0), DType::F32, progress)
+    }
+
+    fn data_tag() -> Tag {
+        Tag {
+            collective: Collective::AllReduce,
+            op: OpSeq(0),
+            step: 0,
+            offset: 0,
+            dtype: DType::F32,
+        }
+    }
+
+    /// The wait looks at the abort before it takes a payload that is already here: an
+    /// aborted operation is an error, never a silent success (principle 5), even though
+    /// its waker is only registered when the wait would sleep.
+    #[test]
+    fn an_abort_beats_a_payload_that_is_already_here() {
+        let (l0, l1) = LocalLink::<Bytes>::pair(Rank(0), Rank(1), HeldLimit::default());
+        let links = [None, Some(Arc::new(l0))];
+        let dev = HostDevice;
+        let token = dev.alloc(8).unwrap();
+        let ctx = Context::root();
+        let mut run = run_in(&dev, &links, &token, &ctx);
+        futures::executor::block_on(l1.send(data_tag(), Bytes::from_static(&[0; 8]))).unwrap();
+        ctx.abort(AbortReason::requested("test"));
+        let err = futures::executor::block_on(run.recv(1, 0, 0, 8))
+            .expect_err("an aborted run must not take the payload");
+        assert!(
+            matches!(
+                err.kind,
+                OpErrorKind::Aborted(AbortReason::Requested { .. })
+            ),
+            "{err}"
+        );
+    }
+
+    /// A wait that sleeps (nothing sent yet) registers its waker and ends at the abort,
+    /// from another thread, within the test's generous bound.
+    #[test]
+    fn a_sleeping_wait_ends_at_an_abort_from_another_thread() {
+        let (l0, _l1) = LocalLink::<Bytes>::pair(Rank(0), Rank(1), HeldLimit::default());
+        let links = [None, Some(Arc::new(l0))];
+        let dev = HostDevice;
+        let token = dev.alloc(8).unwrap();
+        let ctx = Context::root();
+        let mut run = run_in(&dev, &links, &token, &ctx);
+        let aborter = {
+            let ctx = ctx.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                ctx.abort(AbortReason::requested("test"));
+            })
+        };
+        let started = std::time::Instant::now();
+        let err = futures::executor::block_on(run.recv(1, 0, 0, 8))
+            .expect_err("nothing was sent: the wait can only end at the abort");
+        assert!(matches!(err.kind, OpErrorKind::Aborted(_)), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        aborter.join().unwrap();
+    }
+
+    /// A payload that is here completes the wait on its first poll, and a run that talks
+    /// to a few peers keeps their flow state inline.
+    #[test]
+    fn a_ready_payload_completes_without_sleeping() {
+        let (l0, l1) = LocalLink::<Bytes>::pair(Rank(0), Rank(1), HeldLimit::default());
+        let links = [None, Some(Arc::new(l0))];
+        let dev = HostDevice;
+        let token = dev.alloc(8).unwrap();
+        let ctx = Context::root();
+        let mut run = run_in(&dev, &links, &token, &ctx);
+        futures::executor::block_on(l1.send(data_tag(), Bytes::from_static(&[7; 8]))).unwrap();
+        let got = futures::executor::block_on(run.recv(1, 0, 0, 8)).unwrap();
+        assert_eq!(&got[..], &[7; 8]);
+        assert!(!run.flows.few.spilled());
+    }
 }

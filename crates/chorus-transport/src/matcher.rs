@@ -13,6 +13,7 @@ use bytes::Bytes;
 use chorus_engine::link::{LinkError, Tag};
 use chorus_protocol::Rank;
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use tokio::sync::{Semaphore, oneshot};
 
 type Key = (u64, u32);
@@ -37,7 +38,9 @@ pub(crate) struct Matcher {
 struct State {
     /// Set once; the first failure wins (principle 4: one-way).
     terminal: Option<LinkError>,
-    held: HashMap<Key, VecDeque<(Tag, Bytes)>>,
+    /// Early arrivals by `(op, step)`; more than one under a key only from a peer that
+    /// repeats a tag, so the first is held inline (no allocation per early arrival).
+    held: HashMap<Key, SmallVec<[(Tag, Bytes); 1]>>,
     held_bytes: u64,
     waiters: HashMap<Key, VecDeque<Waiter>>,
 }
@@ -49,8 +52,9 @@ impl State {
         }
         let k = key(tag);
         if let Some(q) = self.held.get_mut(&k)
-            && let Some((got, payload)) = q.pop_front()
+            && !q.is_empty()
         {
+            let (got, payload) = q.remove(0);
             if q.is_empty() {
                 self.held.remove(&k);
             }
@@ -257,7 +261,7 @@ impl Matcher {
         }
         st.held_bytes += payload.len() as u64;
         let held = st.held_bytes;
-        st.held.entry(k).or_default().push_back((tag, payload));
+        st.held.entry(k).or_default().push((tag, payload));
         if held > self.held_limit {
             return Err(LinkError::Overflow {
                 bytes: held,
