@@ -60,7 +60,8 @@ pub struct TransportConfig {
     pub socket_buffer: usize,
     /// When the io_uring backend sends a payload with `IORING_OP_SEND_ZC`.
     pub zero_copy_threshold: ZeroCopy,
-    /// Bytes that arrived before their `recv` was posted that a link holds; past this the
+    /// Bytes that arrived before their `recv` was posted that a link holds (each arrival
+    /// also counts 64 bytes of bookkeeping, so empty ones are bounded too); past this the
     /// link fails with `LinkError::Overflow` and closes with a protocol-violation code.
     pub held_limit: u64,
     /// Bytes a link accepts from `send` callers before the wire has taken them; `send`

@@ -22,6 +22,16 @@ fn key(tag: &Tag) -> Key {
     (tag.op.get(), tag.step)
 }
 
+/// What one held early arrival costs beyond its payload (its map entry, tag and `Bytes`
+/// handle), counted against the link's bound so a peer sending empty payloads under fresh
+/// tags cannot grow the held map without limit.
+pub(crate) const HELD_ENTRY_COST: u64 = 64;
+
+/// The bytes an early arrival of `len` payload bytes counts against the bound.
+fn held_cost(len: usize) -> u64 {
+    len as u64 + HELD_ENTRY_COST
+}
+
 /// Shared state of one link.
 #[derive(Debug)]
 pub(crate) struct Matcher {
@@ -58,7 +68,7 @@ impl State {
             if q.is_empty() {
                 self.held.remove(&k);
             }
-            self.held_bytes -= payload.len() as u64;
+            self.held_bytes -= held_cost(payload.len());
             return Some(if got == *tag {
                 Ok(payload)
             } else {
@@ -259,7 +269,7 @@ impl Matcher {
             }
             st.waiters.remove(&k);
         }
-        st.held_bytes += payload.len() as u64;
+        st.held_bytes += held_cost(payload.len());
         let held = st.held_bytes;
         st.held.entry(k).or_default().push((tag, payload));
         if held > self.held_limit {
@@ -377,16 +387,33 @@ mod tests {
 
     #[test]
     fn held_bytes_past_the_bound_overflow() {
-        let m = Matcher::new(Rank(1), 10, 1 << 20);
+        let limit = 2 * HELD_ENTRY_COST + 10;
+        let m = Matcher::new(Rank(1), limit, 1 << 20);
         m.deliver(tag(1, 0), Bytes::from(vec![0u8; 10])).unwrap();
         let err = m.deliver(tag(1, 1), Bytes::from(vec![0u8; 1])).unwrap_err();
         assert_eq!(
             err,
             LinkError::Overflow {
-                bytes: 11,
-                limit: 10
+                bytes: limit + 1,
+                limit
             }
         );
+    }
+
+    #[test]
+    fn empty_early_arrivals_count_against_the_bound() {
+        let m = Matcher::new(Rank(1), 1 << 16, 1 << 20);
+        let mut sent = 0u32;
+        let err = loop {
+            match m.deliver(tag(1, sent), Bytes::new()) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+            assert!(sent <= 1 << 16, "empty payloads never overflowed");
+        };
+        assert!(matches!(err, LinkError::Overflow { .. }), "{err:?}");
+        assert_eq!(u64::from(sent + 1) * HELD_ENTRY_COST, m.held_bytes());
+        assert!(m.held_bytes() > 1 << 16);
     }
 
     #[test]
