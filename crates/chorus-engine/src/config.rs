@@ -170,7 +170,7 @@ impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
             all_reduce_doubling_below: 64 << 10,
-            all_reduce_pair_doubling_below: 1 << 20,
+            all_reduce_pair_doubling_below: 256 << 10,
             all_reduce_halving_below: 8 << 20,
             tree_below: 256 << 10,
             all_gather_bruck_below: 64 << 10,

@@ -57,7 +57,32 @@
 //! `-b 2M -e 16M -f 8` for 16 MiB; out of place the margin is wider still, 16 MiB
 //! included: 52–57 ms against 57–78 ms.)
 //!
-//! Hence: in a world of two, recursive doubling (a single pipelined exchange) below 1 MiB
+//! A fourth series, 2026-12-02, for the pair crossover, moved it down from 1 MiB to 256 KiB.
+//! Across two network namespaces joined by a veth pair (the path TCP is for, now that peers
+//! on one host use shm) the ring beat recursive doubling by 2–5× from 256 KiB; on shm it
+//! won from 32 KiB; on loopback TCP it lost by 1.1–1.4× at 128–256 KiB and won from
+//! 512 KiB. In-place µs per call, medians of 5–6 interleaved rounds, `-w 5 -i 30`, load
+//! 2–7 (other builds and profilers running):
+//!
+//! | ranks | path | size | recursive doubling | ring |
+//! |-------|------|------|--------------------|------|
+//! | 2 | veth | 64 KiB | **40** | 53 |
+//! | 2 | veth | 128 KiB | 65–179 | 64–70 |
+//! | 2 | veth | 256 KiB | 255–509 | **97–103** |
+//! | 2 | veth | 512 KiB | 486–909 | **246–297** |
+//! | 2 | veth | 1 MiB | 992–1390 | **528–732** |
+//! | 2 | shm | 128 KiB | 27 | **17** |
+//! | 2 | shm | 256 KiB | 53 | **38** |
+//! | 2 | shm | 512 KiB | 100 | **44** |
+//! | 2 | loopback | 256 KiB | **84–214** | 116–230 |
+//! | 2 | loopback | 512 KiB | 332–690 | **174–356** |
+//!
+//! (`CHORUS_ALGO=all-reduce=recursive-doubling|ring chorus bench all-reduce -n 2 -b 64K -e
+//! 1M -w 5 -i 30 --transport tcp|shm`, alternated in rounds under the bench lock;
+//! across namespaces one rank per namespace with `--nnodes 2`, as `benches/peer/netns.sh`
+//! runs it.)
+//!
+//! Hence: in a world of two, recursive doubling (a single pipelined exchange) below 256 KiB
 //! and the ring from there (it reduces half as much and its two phases pipeline by chunk);
 //! in larger worlds recursive doubling below 64 KiB, halving-doubling below 8 MiB, the ring
 //! above. The broadcast/reduce (binomial tree below 256 KiB), all-gather (Bruck below
@@ -139,15 +164,20 @@ mod tests {
         );
         // A world of two has no halving-doubling step: one exchange, then the ring.
         assert_eq!(
-            select(Collective::AllReduce, 256 << 10, 2, &c),
+            select(Collective::AllReduce, 128 << 10, 2, &c),
             Algorithm::RecursiveDoubling
         );
         assert_eq!(
             select(Collective::AllReduce, 256 << 10, 4, &c),
             Algorithm::HalvingDoubling
         );
+        // The measured pair crossover (module docs): the ring from 256 KiB.
         assert_eq!(
-            select(Collective::AllReduce, 1 << 20, 2, &c),
+            select(Collective::AllReduce, (256 << 10) - 4, 2, &c),
+            Algorithm::RecursiveDoubling
+        );
+        assert_eq!(
+            select(Collective::AllReduce, 256 << 10, 2, &c),
             Algorithm::Ring
         );
         // The measured 4-rank crossover (module docs): halving-doubling to 8 MiB.
