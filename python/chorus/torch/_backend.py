@@ -58,7 +58,6 @@ class ChorusGroup(TorchHooks):
         self._batch: Optional[List[tuple]] = None  # between start and end of coalescing
         self._batch_call: Optional[_Call] = None
         self._completer_thread: Optional[Completer] = None
-        self._ended = Ended()  # what blocking calls that succeeded return (see Ended)
 
     # --- identity (the rest, and torch's hooks, are TorchHooks's) ---------------------
 
@@ -215,9 +214,7 @@ class ChorusGroup(TorchHooks):
         # unfinished, else behind the rest in the queue): nothing is left to drain.
         self._last = None
         if post is None:
-            ended = self._ended
-            ended._outputs = outputs
-            return ended
+            return Ended(outputs)
         call = _Call(self, name, None, outputs, post)
         call._end(None)
         return Work([call], outputs)
@@ -251,9 +248,7 @@ class ChorusGroup(TorchHooks):
         except BaseException as e:  # the operation failed (or Ctrl-C aborted it)
             return self._failed_here("all_reduce", tensors, self._run_error(e, "all_reduce", timeout))
         self._last = None  # as in _run_here
-        ended = self._ended
-        ended._outputs = tensors
-        return ended
+        return Ended(tensors)
 
     @staticmethod
     def _now(opts: object) -> bool:
