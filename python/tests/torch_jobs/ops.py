@@ -75,7 +75,7 @@ def _ar(t, op, g):
 @check("all_reduce_blocking_work")
 def _():
     # A blocking SUM all-reduce of a plain CPU tensor takes the backend's shortest path
-    # (run inline, with the group's one ended Work); what it returns still behaves as an
+    # (run inline, returning a bare ended Work); what it returns still behaves as an
     # ended Work, and every other case (another op, a non-contiguous tensor, a Parameter)
     # still gets the general path's result or error.
     pg = dist.distributed_c10d._get_default_group()
@@ -93,6 +93,9 @@ def _():
     assert w.result()[0] is t, "result() is not the reduced tensor"
     fut = w.get_future()
     assert fut.done() and fut.value()[0] is t, fut
+    u = data(95)
+    w2 = pg.allreduce([u], opts)
+    assert w.result()[0] is t and w2.result()[0] is u, "a kept Work's result() is another call's"
     half = data(91, shape=(6,))[::2]
     try:
         dist.all_reduce(half)
