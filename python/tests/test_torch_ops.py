@@ -11,7 +11,7 @@ from torch_jobs.launch import require_torch, torchrun
 require_torch(__name__)
 
 EXPECTED = {
-    "all_reduce", "all_reduce_avg_premul", "all_reduce_bool_complex", "all_reduce_async_future",
+    "all_reduce", "all_reduce_blocking_work", "all_reduce_avg_premul", "all_reduce_bool_complex", "all_reduce_async_future",
     "all_reduce_coalesced", "broadcast", "all_gather", "all_gather_into_tensor",
     "all_gather_into_tensor_coalesced", "all_gather_coalesced", "reduce_scatter",
     "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "reduce", "gather", "scatter",

@@ -17,7 +17,7 @@ import chorus
 from chorus import _chorus
 
 # {chorus dtype name: (wire code, bytes per element)}
-_DTYPES = _chorus.DTYPES
+DTYPES = _chorus.DTYPES
 
 @dataclass
 class Step:
@@ -96,7 +96,7 @@ def all_reduce_now(comm: object, t: torch.Tensor, dtype: str, red: str, factor: 
     end before returning, as :func:`run` runs steps."""
     inner = getattr(comm, "_c", None)
     if t.is_cpu and inner is not None and getattr(comm, "_group", None) is None:
-        code, size = _DTYPES[dtype]
+        code, size = DTYPES[dtype]
         n = t.numel()
         mem = (t.data_ptr(), n * size)
         inner.run([("all_reduce", mem, mem, n, code, red, factor, 0)], False, t, timeout)
@@ -112,7 +112,7 @@ def all_reduce(comm: object, t: torch.Tensor, dtype: str, red: str, factor: floa
     it checks); any other tensor through ``chorus.Comm.all_reduce``."""
     inner = getattr(comm, "_c", None)
     if t.is_cpu and inner is not None and getattr(comm, "_group", None) is None:
-        code, size = _DTYPES[dtype]
+        code, size = DTYPES[dtype]
         n = t.numel()
         mem = (t.data_ptr(), n * size)
         return inner.submit([("all_reduce", mem, mem, n, code, red, factor, 0)], False, t, None)

@@ -17,7 +17,7 @@ from . import _cuda
 
 # torch dtype -> the chorus dtype name reductions run in; every other dtype travels as
 # bytes (broadcast, gathers, all-to-all, send/recv), which needs no arithmetic.
-_REDUCIBLE = {
+REDUCIBLE = {
     torch.float32: "float32",
     torch.float64: "float64",
     torch.float16: "float16",
@@ -34,7 +34,7 @@ for _name, _chorus in (
     ("float8_e5m2", "float8_e5m2"),
 ):
     if hasattr(torch, _name):
-        _REDUCIBLE[getattr(torch, _name)] = _chorus
+        REDUCIBLE[getattr(torch, _name)] = _chorus
 
 _COMPLEX = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 
@@ -155,7 +155,7 @@ class Reducible(NamedTuple):
 
 def reducible(t: torch.Tensor, red: Reduction, what: str) -> Reducible:
     """How to reduce ``t`` with ``red``, or an error saying why chorus cannot."""
-    name = _REDUCIBLE.get(t.dtype)
+    name = REDUCIBLE.get(t.dtype)
     if name is not None:
         return Reducible(t, name, red)
     if t.dtype == torch.bool:
@@ -169,7 +169,7 @@ def reducible(t: torch.Tensor, red: Reduction, what: str) -> Reducible:
         # These are linear, so they act on the real and imaginary parts separately (what
         # NCCL does); PRODUCT, MIN and MAX are not and stay refused.
         real = torch.view_as_real(t)
-        return Reducible(real, _REDUCIBLE[_COMPLEX[t.dtype]], red)
+        return Reducible(real, REDUCIBLE[_COMPLEX[t.dtype]], red)
     raise TypeError(
         f"{what}: the chorus backend cannot reduce dtype {t.dtype} with {str(red).upper()}"
     )

@@ -209,6 +209,47 @@ class Work(dist.Work):
         return f"chorus.torch.Work({names}, completed={self.is_completed()})"
 
 
+class Ended(dist.Work):
+    """The ``Work`` of a blocking call (``asyncOp=False``) that succeeded and has nothing
+    left to copy out: already over, so it carries only the call's outputs (no ``_Call``,
+    no deadline, no error), which keeps a blocking call's Python short. One per call: a
+    caller of ``ProcessGroup.allreduce`` that keeps two of them gets each call's own
+    tensors from ``result()``."""
+
+    def __init__(self, outputs: List[torch.Tensor]) -> None:
+        super().__init__()
+        self._outputs = outputs
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return None
+
+    def result(self) -> List[torch.Tensor]:
+        return self._outputs
+
+    def get_future(self) -> Future:
+        fut: Future = Future()
+        fut.set_result(self._outputs)
+        return fut
+
+    def synchronize(self) -> None:
+        pass
+
+    def block_current_stream(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "chorus.torch.Work(ended, completed=True)"
+
+
 def _seconds(timeout: object) -> Optional[float]:
     if timeout is None:
         return None

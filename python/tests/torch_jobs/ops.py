@@ -72,6 +72,44 @@ def _ar(t, op, g):
     return t
 
 
+@check("all_reduce_blocking_work")
+def _():
+    # A blocking SUM all-reduce of a plain CPU tensor takes the backend's shortest path
+    # (run inline, returning a bare ended Work); what it returns still behaves as an
+    # ended Work, and every other case (another op, a non-contiguous tensor, a Parameter)
+    # still gets the general path's result or error.
+    pg = dist.distributed_c10d._get_default_group()
+    inline = pg.comm._c._calls()[0]
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    opts.asyncOp = False
+    t = data(90)
+    ref = t.clone()
+    dist.all_reduce(ref, group=gloo)
+    w = pg.allreduce([t], opts)
+    same(t, ref, "blocking all_reduce")
+    assert pg.comm._c._calls()[0] == inline + 1, "the blocking all_reduce did not run inline"
+    assert w.is_completed() and w.is_success() and w.exception() is None and w.wait(), w
+    assert w.result()[0] is t, "result() is not the reduced tensor"
+    fut = w.get_future()
+    assert fut.done() and fut.value()[0] is t, fut
+    u = data(95)
+    w2 = pg.allreduce([u], opts)
+    assert w.result()[0] is t and w2.result()[0] is u, "a kept Work's result() is another call's"
+    half = data(91, shape=(6,))[::2]
+    try:
+        dist.all_reduce(half)
+    except ValueError as e:
+        assert "contiguous" in str(e), e
+    else:
+        raise AssertionError("a non-contiguous tensor was accepted")
+    for make in (lambda: data(92, torch.float64), lambda: torch.nn.Parameter(data(93), requires_grad=False)):
+        a, b = both(lambda g: _ar(make(), dist.ReduceOp.SUM, g))
+        same(a, b, f"blocking all_reduce of {type(a).__name__} {a.dtype}")
+    a, b = both(lambda g: _ar(data(94), dist.ReduceOp.MAX, g))
+    same(a, b, "blocking all_reduce MAX")
+
+
 @check("all_reduce_avg_premul")
 def _():
     # gloo has neither: the reference is the sum.
