@@ -114,6 +114,11 @@ fn flow_depart(flow: Flow) -> Option<Depart> {
 /// destination's block, and a bound on the staging whatever the payload's length.
 pub(super) const BOUNCE: usize = 16 * 1024;
 
+/// A placement publishes its head after every block, but wakes a sleeping peer (whose
+/// pump sleeps with one flag for data and for room) only this often, before it waits and
+/// when it is done: a wake per bounce block would cost the peer a futex wake-up per 16 KiB.
+const WAKE_EVERY: usize = 256 * 1024;
+
 /// A receive on this thread that takes its chunk's payload from the ring straight into
 /// `dst` (`Link::recv_into`), skipping the decoder's buffer: one copy fewer. With
 /// `reduce` (`Link::recv_reduce_into`), the payload is reduced into `dst` instead, block
@@ -243,6 +248,8 @@ impl Shared {
         let mut filled = 0;
         let mut patience = Patience::new(Instant::now(), place.window);
         let mut tries = 0u32;
+        // Bytes consumed since the peer was last told (see `WAKE_EVERY`).
+        let mut unwoken = 0;
         while filled < len {
             let tail = self.tail(peer).load(Ordering::Acquire);
             let mut spans = st
@@ -273,9 +280,18 @@ impl Shared {
                 filled += n;
                 let head = st.consumer.consume(n);
                 self.head(peer).store(head, Ordering::SeqCst);
-                self.notify_peer();
+                unwoken += n;
+                if unwoken >= WAKE_EVERY {
+                    self.notify_peer();
+                    unwoken = 0;
+                }
                 patience.took(Instant::now(), n);
                 continue;
+            }
+            // About to wait: a peer asleep for room gets it now.
+            if unwoken > 0 {
+                self.notify_peer();
+                unwoken = 0;
             }
             let now = Instant::now();
             if patience.spent(now) || self.peer_closed() || self.matcher.terminal().is_some() {
@@ -292,6 +308,9 @@ impl Shared {
             } else {
                 std::hint::spin_loop();
             }
+        }
+        if unwoken > 0 {
+            self.notify_peer();
         }
         match st.decoder.skip_placed() {
             Ok(()) => Ok(true),
