@@ -118,6 +118,29 @@ pub trait Device: Send + Sync + 'static {
         None
     }
 
+    /// Whether [`Device::host_reduce`] computes `op` on `dtype`: when this device's memory
+    /// is host memory and its kernel has that operator for that type. `false` (the
+    /// default) makes the engine receive a payload and call [`Device::unpack_reduce`].
+    fn reduces_host(&self, dtype: DType, op: ReduceOp) -> bool {
+        let _ = (dtype, op);
+        false
+    }
+
+    /// `dst[i] = op(dst[i], src[i])` on host bytes of equal length, a whole number of
+    /// `dtype` elements, of any alignment: the kernel a link applies to the bytes it
+    /// receives (see [`crate::link::Link::recv_reduce_into`]). Called only where
+    /// [`Device::reduces_host`] said yes; the default refuses.
+    fn host_reduce(
+        &self,
+        dst: &mut [u8],
+        src: &[u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), DeviceError> {
+        let _ = (dst, src);
+        Err(DeviceError::Unsupported { op, dtype })
+    }
+
     /// A payload holding a copy of `src[off..][..len]`, for a link to send.
     fn pack(&self, src: &Self::Mem, off: usize, len: usize) -> Result<Self::Payload, DeviceError>;
 

@@ -150,6 +150,28 @@ impl Device for HostDevice {
         Some(region_mut(dst, off, len))
     }
 
+    fn reduces_host(&self, dtype: DType, op: ReduceOp) -> bool {
+        kernel::supports(dtype, op)
+    }
+
+    fn host_reduce(
+        &self,
+        dst: &mut [u8],
+        src: &[u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), DeviceError> {
+        if dst.len() != src.len() {
+            return Err(DeviceError::OutOfBounds {
+                off: 0,
+                len: src.len(),
+                size: dst.len(),
+            });
+        }
+        whole(src.len(), dtype)?;
+        kernel::reduce(dst, src, dtype, op)
+    }
+
     fn pack(&self, src: &[u8], off: usize, len: usize) -> Result<Bytes, DeviceError> {
         Ok(pool::copy(region(src, off, len)?))
     }

@@ -73,6 +73,16 @@ pub(crate) fn reduce(
     reduce_on(Path::Fast, dst, src, dtype, op)
 }
 
+/// Whether [`reduce`] computes `op` on `dtype`: the four elementwise operators, on every
+/// type (the engine composes `Avg` and `PreMulSum` from `Sum` and [`scale`]).
+pub(crate) fn supports(dtype: DType, op: ReduceOp) -> bool {
+    let _ = dtype;
+    matches!(
+        op,
+        ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Min | ReduceOp::Max
+    )
+}
+
 pub(crate) fn reduce_on(
     path: Path,
     dst: &mut [u8],

@@ -37,6 +37,12 @@ use chorus_protocol::{CloseCode, Collective, DType, OpSeq, Rank};
 /// A boxed, `Send` future returned by link operations; boxing keeps `Link` object-safe.
 pub type LinkFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LinkError>> + Send + 'a>>;
 
+/// The engine's reduction for [`Link::recv_reduce_into`]: `dst[i] = op(dst[i], src[i])`
+/// over two host slices of equal length, a whole number of elements, of any alignment.
+/// It cannot fail: the engine checks the operator and type before it hands one out, and
+/// records any error itself.
+pub type Reducer<'a> = &'a (dyn Fn(&mut [u8], &[u8]) + Send + Sync);
+
 /// One peer, as the engine sees it.
 pub trait Link<P = Bytes>: Send + Sync {
     /// The rank at the other end, in the communicator's current numbering.
@@ -69,6 +75,28 @@ pub trait Link<P = Bytes>: Send + Sync {
     /// delivers only payloads, and the caller uses `recv`.
     fn recv_into<'a>(&'a self, tag: Tag, dst: &'a mut [u8]) -> Option<LinkFuture<'a, usize>> {
         let _ = (tag, dst);
+        None
+    }
+
+    /// Receive the payload the peer sends under `tag` and reduce it into the host bytes
+    /// `dst` (`dst[i] = op(dst[i], payload[i])`, elementwise for `tag.dtype`), through
+    /// `reduce`, the engine's kernel: a link that can read the payload from its
+    /// transport's buffers hands them to `reduce` block by block (each call gets
+    /// subslices of equal length, a whole number of elements, in order and without
+    /// overlap, covering `dst` once), skipping the copy into a payload; otherwise it
+    /// reduces the held payload in one call. Resolves with the payload's length; `dst`
+    /// holds the reduction only when that length is `dst.len()` (another length leaves
+    /// `dst` untouched, and the caller reports a size mismatch). A future dropped while
+    /// still pending may have reduced part of `dst`, like an aborted operation's output.
+    /// `None` (the default) means this link delivers only payloads, and the caller uses
+    /// `recv` and reduces itself.
+    fn recv_reduce_into<'a>(
+        &'a self,
+        tag: Tag,
+        dst: &'a mut [u8],
+        reduce: Reducer<'a>,
+    ) -> Option<LinkFuture<'a, usize>> {
+        let _ = (tag, dst, reduce);
         None
     }
 

@@ -464,6 +464,61 @@ where
         Ok(Some(payload))
     }
 
+    /// [`Run::recv`] of `len` bytes reduced into `mem[off..]` with `op`: reduced by the
+    /// link straight from its transport's buffers when the device has a host kernel for
+    /// the operation and the link allows it, received as a payload and reduced by
+    /// [`Device::unpack_reduce`] otherwise. With `output` (`mem` is the operation's
+    /// output), the output counts as written from the moment it may be: when the link
+    /// starts on it, or once the payload is here.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn recv_reduce_into(
+        &mut self,
+        peer: u32,
+        step: u32,
+        offset: usize,
+        mem: &mut D::Mem,
+        off: usize,
+        len: usize,
+        op: ReduceOp,
+        output: bool,
+    ) -> Result<(), OpError> {
+        let link = self.link(peer)?;
+        let dev = self.dev;
+        let dtype = self.dtype;
+        if dev.reduces_host(dtype, op) && len.is_multiple_of(dtype.size()) {
+            let index = self.flows.get(peer).consumed as u32;
+            let tag = self.tag(index, offset);
+            match dev.host_bytes_mut(mem, off, len) {
+                Some(Ok(dst)) => {
+                    // The kernel's first error, if any (the link's reducer cannot fail).
+                    let failed = std::sync::OnceLock::new();
+                    let reduce = |d: &mut [u8], s: &[u8]| {
+                        if let Err(e) = dev.host_reduce(d, s, dtype, op) {
+                            let _ = failed.set(e);
+                        }
+                    };
+                    if let Some(fut) = link.recv_reduce_into(tag, dst, &reduce) {
+                        if output {
+                            self.touch();
+                        }
+                        let got = self.wait(Some(step), peer, fut).await?;
+                        if let Some(e) = failed.get().cloned() {
+                            return Err(self.device(e));
+                        }
+                        return self.consumed(link, peer, step, len, got);
+                    }
+                }
+                Some(Err(e)) => return Err(self.device(e)),
+                None => {}
+            }
+        }
+        let payload = self.recv(peer, step, offset, len).await?;
+        if output {
+            self.touch();
+        }
+        self.unpack_reduce(mem, off, &payload, op)
+    }
+
     /// A payload of `got` bytes (`len` expected) from `peer` was received: count it, and
     /// return credit when a grant's worth has been consumed.
     fn consumed(

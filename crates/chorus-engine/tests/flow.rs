@@ -2,7 +2,8 @@
 //! and no flow-control traffic, pipelined exchanges keep the data a link holds for its
 //! peer within the window (`pipeline_depth` chunks) however far ahead sends run, and links
 //! that take borrowed bytes (`Link::send_bytes`) get the same results as links that take
-//! packed payloads, also when they refuse the bytes for now.
+//! packed payloads, also when they refuse the bytes for now; links that reduce what they
+//! receive (`Link::recv_reduce_into`) get the same results as links that deliver payloads.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus_engine::link::{CancelReason, LinkFuture, Tag};
+use chorus_engine::link::{CancelReason, LinkFuture, Reducer, Tag};
 use chorus_engine::{
     AbortReason, Algorithm, Buffer, Context, Engine, EngineConfig, HeldLimit, HostDevice, Link,
     LocalLink, Reduction,
@@ -308,5 +309,191 @@ fn links_that_borrow_the_bytes_give_the_same_results() {
             taken > 0 && taken < offers,
             "{algo}: {taken} of {offers} taken"
         );
+    }
+}
+
+/// A link that reduces received payloads itself (`Link::recv_reduce_into`), handing the
+/// engine's reducer blocks of three elements, as a transport reducing from its buffers
+/// piece by piece does.
+struct Reducing {
+    inner: Arc<LocalLink<Bytes>>,
+    reduced: AtomicUsize,
+}
+
+impl Link<Bytes> for Reducing {
+    fn peer(&self) -> Rank {
+        self.inner.peer()
+    }
+    fn send(&self, tag: Tag, payload: Bytes) -> LinkFuture<'_, ()> {
+        self.inner.send(tag, payload)
+    }
+    fn recv(&self, tag: Tag) -> LinkFuture<'_, Bytes> {
+        self.inner.recv(tag)
+    }
+    fn recv_reduce_into<'a>(
+        &'a self,
+        tag: Tag,
+        dst: &'a mut [u8],
+        reduce: Reducer<'a>,
+    ) -> Option<LinkFuture<'a, usize>> {
+        Some(Box::pin(async move {
+            let p = self.inner.recv(tag).await?;
+            if p.len() == dst.len() {
+                let block = 3 * tag.dtype.size();
+                for (d, s) in dst.chunks_mut(block).zip(p.chunks(block)) {
+                    reduce(d, s);
+                }
+                self.reduced.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(p.len())
+        }))
+    }
+    fn cancel(&self, reason: CancelReason) {
+        self.inner.cancel(reason)
+    }
+}
+
+type ReducingEngine = Engine<HostDevice, Reducing>;
+
+fn reducing_world(n: u32, config: &EngineConfig, root: &Context) -> Vec<ReducingEngine> {
+    chorus_engine::local::mesh::<Bytes>(n, HeldLimit::default())
+        .into_iter()
+        .enumerate()
+        .map(|(r, links)| {
+            let links: Vec<Arc<Reducing>> = links
+                .into_iter()
+                .map(|inner| {
+                    Arc::new(Reducing {
+                        inner,
+                        reduced: AtomicUsize::new(0),
+                    })
+                })
+                .collect();
+            Engine::new(
+                Rank(r as u32),
+                n,
+                links,
+                Arc::new(HostDevice),
+                root,
+                config.clone(),
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
+/// Links that reduce what they receive give the same results as links that deliver
+/// payloads: all-reduce by every algorithm that reduces received chunks (in and out of
+/// place, sum and max, and `Avg`, whose division the engine does), the ring's
+/// reduce-scatter and its reduce chain; and they are asked to.
+#[test]
+fn links_that_reduce_what_they_receive_give_the_same_results() {
+    let n = 3u32;
+    let count = 30_001;
+    let value = |r: usize, i: usize| ((i * 7 + r * 13) % 1000) as i32 - 500;
+    for algo in [
+        Algorithm::RecursiveDoubling,
+        Algorithm::HalvingDoubling,
+        Algorithm::Ring,
+    ] {
+        let mut config = EngineConfig {
+            chunk_bytes: 4096,
+            pipeline_depth: 4,
+            ..EngineConfig::default()
+        };
+        config.overrides.all_reduce = Some(algo);
+        config.overrides.reduce_scatter = Some(Algorithm::Ring);
+        config.overrides.reduce = Some(Algorithm::Ring);
+        let root = Context::root();
+        let world = reducing_world(n, &config, &root);
+        let ints = |r: usize, len: usize| -> Vec<u8> {
+            (0..len).flat_map(|i| value(r, i).to_ne_bytes()).collect()
+        };
+        let out: Vec<[Vec<u8>; 5]> = std::thread::scope(|s| {
+            let hs: Vec<_> = world
+                .iter()
+                .enumerate()
+                .map(|(r, e)| {
+                    s.spawn(move || {
+                        let input = ints(r, count);
+                        let mut sum = vec![0u8; count * 4];
+                        block_on(e.all_reduce(
+                            Buffer::separate(&input, &mut sum),
+                            count,
+                            DType::I32,
+                            Reduction::Sum,
+                        ))
+                        .unwrap();
+                        let mut max = input.clone();
+                        block_on(e.all_reduce(
+                            Buffer::InPlace(&mut max),
+                            count,
+                            DType::I32,
+                            Reduction::Max,
+                        ))
+                        .unwrap();
+                        let mut avg: Vec<u8> = (0..count)
+                            .flat_map(|i| f64::from(value(r, i)).to_ne_bytes())
+                            .collect();
+                        block_on(e.all_reduce(
+                            Buffer::InPlace(&mut avg),
+                            count,
+                            DType::F64,
+                            Reduction::Avg,
+                        ))
+                        .unwrap();
+                        let all = ints(r, count * n as usize);
+                        let mut scattered = vec![0u8; count * 4];
+                        block_on(e.reduce_scatter(
+                            Buffer::separate(&all, &mut scattered),
+                            count,
+                            DType::I32,
+                            Reduction::Sum,
+                        ))
+                        .unwrap();
+                        let mut reduced = input.clone();
+                        block_on(e.reduce(
+                            Buffer::InPlace(&mut reduced),
+                            count,
+                            DType::I32,
+                            Reduction::Sum,
+                            Rank(1),
+                        ))
+                        .unwrap();
+                        [sum, max, avg, scattered, reduced]
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let int = |b: &[u8]| i32::from_ne_bytes(b.try_into().unwrap());
+        let ranks = 0..n as usize;
+        for (r, [sum, max, avg, scattered, reduced]) in out.iter().enumerate() {
+            for i in 0..count {
+                let at = i * 4..i * 4 + 4;
+                let want: i32 = ranks.clone().map(|q| value(q, i)).sum();
+                assert_eq!(int(&sum[at.clone()]), want, "{algo} sum r{r} [{i}]");
+                let top = ranks.clone().map(|q| value(q, i)).max().unwrap();
+                assert_eq!(int(&max[at.clone()]), top, "{algo} max r{r} [{i}]");
+                let mean = f64::from_ne_bytes(avg[i * 8..i * 8 + 8].try_into().unwrap());
+                assert!(
+                    (mean - f64::from(want) / f64::from(n)).abs() < 1e-9,
+                    "{algo} avg r{r} [{i}]: {mean}"
+                );
+                let j = r * count + i;
+                let want: i32 = ranks.clone().map(|q| value(q, j)).sum();
+                assert_eq!(int(&scattered[at.clone()]), want, "scatter r{r} [{i}]");
+                if r == 1 {
+                    let want: i32 = ranks.clone().map(|q| value(q, i)).sum();
+                    assert_eq!(int(&reduced[at]), want, "reduce [{i}]");
+                }
+            }
+        }
+        let reduced: usize = world
+            .iter()
+            .flat_map(|e| (0..n).filter_map(|p| e.link(Rank(p))))
+            .map(|l| l.reduced.load(Ordering::Relaxed))
+            .sum();
+        assert!(reduced > 0, "{algo}: no link reduced");
     }
 }

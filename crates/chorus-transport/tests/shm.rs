@@ -283,6 +283,206 @@ fn recv_into_survives_a_stalled_payload_and_refuses_a_bad_head() {
     });
 }
 
+/// A tag for `i32` elements.
+fn tag32(op: u64, step: u32) -> chorus_engine::link::Tag {
+    let mut t = tag(op, step);
+    t.dtype = DType::I32;
+    t
+}
+
+/// `i32` values of a payload of `len` bytes (a whole number of them).
+fn ints(len: usize, seed: i32) -> Vec<i32> {
+    (0..len / 4)
+        .map(|i| (i as i32).wrapping_mul(7919).wrapping_add(seed))
+        .collect()
+}
+
+fn int_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A reducer for `i32` sums that checks what the link hands it: equal lengths, whole
+/// elements, and (counted in `seen`) every byte of the destination exactly once. It reads
+/// bytes, so it also proves nothing needs the source aligned.
+struct SumI32 {
+    seen: std::sync::atomic::AtomicUsize,
+}
+
+impl SumI32 {
+    fn new() -> Self {
+        Self {
+            seen: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn reduce(&self, dst: &mut [u8], src: &[u8]) {
+        assert_eq!(dst.len(), src.len(), "reducer given unequal slices");
+        assert_eq!(src.len() % 4, 0, "reducer given a split element");
+        self.seen
+            .fetch_add(src.len(), std::sync::atomic::Ordering::Relaxed);
+        for (d, s) in dst.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+            let v = i32::from_le_bytes(d.try_into().unwrap())
+                .wrapping_add(i32::from_le_bytes(s.try_into().unwrap()));
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+/// `recv_reduce_into` reduces every size into the destination, whether the spin reduces it
+/// from the ring (through the bounce, payloads at odd ring offsets and split by the wrap
+/// included) or the frame was held first; another length is reported, the destination
+/// untouched.
+#[test]
+fn recv_reduce_into_sums_every_size_at_any_ring_offset() {
+    shared(async {
+        let cfg = TransportConfig {
+            shm_ring: 64 << 10,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        for (i, len) in [4, 4092, 4096, 16_388, 65_536, 300_000, 4 << 20]
+            .into_iter()
+            .enumerate()
+        {
+            let op = i as u64;
+            // Three bytes first: the payload after them starts at an odd ring offset.
+            a.send(tag(1000 + op, 0), pattern(3, 1)).await.unwrap();
+            assert!(b.recv(tag(1000 + op, 0)).await.unwrap() == pattern(3, 1));
+            let (x, y) = (ints(len, op as i32), ints(len, 77));
+            let want: Vec<i32> = x.iter().zip(&y).map(|(p, q)| p.wrapping_add(*q)).collect();
+            let mut dst = int_bytes(&y);
+            let sum = SumI32::new();
+            let reduce = |d: &mut [u8], s: &[u8]| sum.reduce(d, s);
+            let (s, r) = tokio::join!(
+                a.send(tag32(op, 0), Bytes::from(int_bytes(&x))),
+                b.recv_reduce_into(tag32(op, 0), &mut dst, &reduce).unwrap()
+            );
+            s.unwrap();
+            assert_eq!(r.unwrap(), len);
+            assert!(dst == int_bytes(&want), "{len} bytes reduced wrong");
+            assert_eq!(sum.seen.into_inner(), len, "{len}: bytes reduced");
+            // Sent before the receive is posted: reduced from the held frame.
+            a.send(tag32(op, 1), Bytes::from(int_bytes(&x)))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            let mut held = int_bytes(&y);
+            let sum = SumI32::new();
+            let reduce = |d: &mut [u8], s: &[u8]| sum.reduce(d, s);
+            let got = b
+                .recv_reduce_into(tag32(op, 1), &mut held, &reduce)
+                .unwrap()
+                .await;
+            assert_eq!(got, Ok(len));
+            assert!(held == int_bytes(&want), "{len} held bytes reduced wrong");
+        }
+        // Another length: the peer's length comes back and the destination is untouched.
+        a.send(tag32(50, 0), pattern(8192, 1)).await.unwrap();
+        let mut short = vec![7u8; 4096];
+        let reduce = |_: &mut [u8], _: &[u8]| panic!("a payload of another length reduced");
+        let got = b
+            .recv_reduce_into(tag32(50, 0), &mut short, &reduce)
+            .unwrap();
+        assert_eq!(got.await, Ok(8192));
+        assert!(short.iter().all(|&x| x == 7));
+        // The stream goes on in order afterwards.
+        transfer(&a, &b, 51, 100_000).await;
+    });
+}
+
+/// A payload that stalls past the spin window, mid-element, while it is reduced from the
+/// ring is finished by the pump: every element is reduced exactly once. A lying head met
+/// while reducing is a protocol violation, never a read past the ring.
+#[test]
+fn recv_reduce_into_survives_a_stalled_payload_and_refuses_a_bad_head() {
+    shared(async {
+        let cfg = TransportConfig {
+            recv_spin: Duration::from_millis(30),
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let len = 64 << 10;
+        let (x, y) = (ints(len, 5), ints(len, -9));
+        let want: Vec<i32> = x.iter().zip(&y).map(|(p, q)| p.wrapping_add(*q)).collect();
+        let mut frame = chunk_prefix(&mut raw, 1, len);
+        frame[chorus_protocol::HEADER_LEN + 1] = DType::I32.code();
+        frame.extend_from_slice(&int_bytes(&x));
+        // Cut mid-element, written while the receive spins (its window is long here): it
+        // reduces whole elements only, then gives up when the rest stalls past the window.
+        let writer = std::thread::spawn(move || {
+            let cut = chorus_protocol::HEADER_LEN + ChunkHeader::LEN + len / 3 + 1;
+            std::thread::sleep(Duration::from_millis(2));
+            raw.write(&frame[..cut], WAIT);
+            std::thread::sleep(Duration::from_millis(150));
+            raw.write(&frame[cut..], WAIT);
+            raw
+        });
+        let mut dst = int_bytes(&y);
+        let sum = SumI32::new();
+        let reduce = |d: &mut [u8], s: &[u8]| sum.reduce(d, s);
+        let got = tokio::time::timeout(
+            WAIT,
+            link.recv_reduce_into(tag32(1, 0), &mut dst, &reduce)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(got, Ok(len));
+        assert!(dst == int_bytes(&want), "a stalled payload reduced wrong");
+        assert_eq!(sum.seen.into_inner(), len, "bytes reduced");
+        let mut raw = writer.join().unwrap();
+
+        // A chunk whose payload length is no multiple of its dtype's size.
+        let mut frame = chunk_prefix(&mut raw, 2, 4096 + 2);
+        frame[chorus_protocol::HEADER_LEN + 1] = DType::I32.code();
+        frame.extend_from_slice(&[0u8; 4096 + 2]);
+        raw.write(&frame, WAIT);
+        let mut dst = vec![0u8; 4096];
+        let reduce = |_: &mut [u8], _: &[u8]| panic!("a bad chunk reduced");
+        let r = tokio::time::timeout(
+            WAIT,
+            link.recv_reduce_into(tag32(2, 0), &mut dst, &reduce)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        assert!(
+            matches!(r, Err(LinkError::Protocol { .. })),
+            "misaligned chunk: {r:?}"
+        );
+
+        // A head that claims more than any frame may hold.
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let mut frame = chunk_prefix(&mut raw, 1, 8192);
+        frame[chorus_protocol::HEADER_LEN + 1] = DType::I32.code();
+        frame[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+        raw.write(&frame, WAIT);
+        let mut dst = vec![0u8; 8192];
+        let r = tokio::time::timeout(
+            WAIT,
+            link.recv_reduce_into(tag32(1, 0), &mut dst, &reduce)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        assert!(
+            matches!(
+                r,
+                Err(LinkError::Protocol {
+                    code: CloseCode::PROTOCOL_VIOLATION,
+                    ..
+                })
+            ),
+            "lying length: {r:?}"
+        );
+        assert!(dst.iter().all(|&x| x == 0));
+    });
+}
+
 #[test]
 fn mismatched_collective_is_named() {
     shared(async {

@@ -109,11 +109,9 @@ where
             let (tag_off, step) = (i.tag_base + s * es, step(phase, k, c));
             match land {
                 Land::Reduce(op) => {
-                    let p = run.recv(peer, step, tag_off, l * es).await?;
-                    if output {
-                        run.touch();
-                    }
-                    run.unpack_reduce(mem, off, &p, op)?;
+                    // Reduced straight from the link's buffers where it allows.
+                    run.recv_reduce_into(peer, step, tag_off, mem, off, l * es, op, output)
+                        .await?;
                 }
                 Land::Copy => {
                     // The link may write the memory while the receive is pending.

@@ -72,14 +72,15 @@ where
                 continue;
             }
             if t < n - 1 {
-                let p = run.recv(left, step(t, k, c), off, len).await?;
-                run.touch();
                 // Each chunk of the reduce-scatter is received once: the first time `mem`
-                // holds it, so the input's copy goes there now.
+                // holds it, so the input's copy goes there now, just before the reduce.
                 if let Some(input) = input {
+                    run.touch();
                     run.copy(mem, off, input, off, len)?;
                 }
-                run.unpack_reduce(mem, off, &p, op)?;
+                // Reduced straight from the link's buffers where it allows: one copy fewer.
+                run.recv_reduce_into(left, step(t, k, c), off, mem, off, len, op, true)
+                    .await?;
                 if t == n - 2 && avg {
                     run.divide(mem, off, len, n as u32)?;
                 }
@@ -153,15 +154,16 @@ where
             if len == 0 {
                 continue;
             }
-            let p = run.recv(left, step(t, k, c), off, len).await?;
             if t == n - 2 {
                 // b == r: the partial sum of every other rank meets ours in the output.
-                run.touch();
                 let out_off = out_base + (off - r * block);
-                run.unpack_reduce(buf.recv(), out_off, &p, op)?;
+                let out = buf.recv();
+                run.recv_reduce_into(left, step(t, k, c), off, out, out_off, len, op, true)
+                    .await?;
             } else {
                 stage(run, &mut scratch, buf.send(), off, len, premul)?;
-                run.unpack_reduce(&mut scratch, 0, &p, op)?;
+                run.recv_reduce_into(left, step(t, k, c), off, &mut scratch, 0, len, op, false)
+                    .await?;
                 run.send_from(right, step(t + 1, k, c), off, &scratch, 0, len)
                     .await?;
             }
@@ -291,26 +293,23 @@ where
         let (off, len) = (s * es, l * es);
         match &mut scratch {
             None => {
-                let p = run.recv(from, step(0, k, c), off, len).await?;
-                run.touch();
-                run.unpack_reduce(buf.recv(), off, &p, op)?;
+                run.recv_reduce_into(from, step(0, k, c), off, buf.recv(), off, len, op, true)
+                    .await?;
             }
             Some(scratch) => {
-                let incoming = if vr < n - 1 {
-                    Some(run.recv(from, step(0, k, c), off, len).await?)
-                } else {
-                    None
-                };
-                let p = if incoming.is_none() && premul.is_none() {
-                    run.pack(buf.send(), off, len)?
+                let first = vr == n - 1;
+                if first && premul.is_none() {
+                    run.send_from(to, step(0, k, c), off, buf.send(), off, len)
+                        .await?;
                 } else {
                     stage(run, scratch, buf.send(), off, len, premul)?;
-                    if let Some(p) = &incoming {
-                        run.unpack_reduce(scratch, 0, p, op)?;
+                    if !first {
+                        run.recv_reduce_into(from, step(0, k, c), off, scratch, 0, len, op, false)
+                            .await?;
                     }
-                    run.pack(scratch, 0, len)?
-                };
-                run.send(to, step(0, k, c), off, p).await?;
+                    run.send_from(to, step(0, k, c), off, scratch, 0, len)
+                        .await?;
+                }
             }
         }
     }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
+use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Reducer, Tag};
 use chorus_protocol::message::Depart;
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 
@@ -77,12 +77,7 @@ impl ShmLink {
     /// straight into `dst`; a payload that did (the pump read it, or the spin gave up) is
     /// copied from the frame.
     async fn recv_chunk_into(&self, tag: Tag, dst: &mut [u8]) -> Result<usize, LinkError> {
-        let spun = if dst.len() >= PLACE_MIN {
-            self.spin(&tag, Some(&mut *dst))
-        } else {
-            self.spin(&tag, None)
-        };
-        let payload = match spun {
+        let payload = match self.spin_placing(tag, dst, None) {
             Some(Ok(Got::Placed)) => return Ok(dst.len()),
             Some(Ok(Got::Payload(p))) => p,
             Some(Err(e)) => return Err(e),
@@ -92,6 +87,60 @@ impl ShmLink {
             dst.copy_from_slice(&payload);
         }
         Ok(payload.len())
+    }
+
+    /// `recv_reduce_into`: the spin reduces a payload that has not reached the decoder
+    /// yet from the ring into `dst`; a payload that did is reduced from the frame, all of
+    /// it or (when a placing pass gave up halfway) the part not reduced yet.
+    async fn recv_chunk_reduce(
+        &self,
+        tag: Tag,
+        dst: &mut [u8],
+        reduce: Reducer<'_>,
+    ) -> Result<usize, LinkError> {
+        let mut reduced = 0;
+        let payload = match self.spin_placing(tag, dst, Some((reduce, &mut reduced))) {
+            Some(Ok(Got::Placed)) => return Ok(dst.len()),
+            Some(Ok(Got::Payload(p))) => p,
+            Some(Err(e)) => return Err(e),
+            None => self.park(tag).await?,
+        };
+        // A pass gives up only on a payload of `dst`'s length, so `reduced` is in range.
+        if payload.len() == dst.len() && reduced < dst.len() {
+            reduce(&mut dst[reduced..], &payload[reduced..]);
+        }
+        Ok(payload.len())
+    }
+
+    /// The spin of a receive into `dst`: placing (copying, or reducing with `reduce`, which
+    /// then records how much of `dst` a pass that gave up reduced) when `dst` is large
+    /// enough for that to pay.
+    fn spin_placing(
+        &self,
+        tag: Tag,
+        dst: &mut [u8],
+        reduce: Option<(Reducer<'_>, &mut usize)>,
+    ) -> Option<Result<Got, LinkError>> {
+        if dst.len() < PLACE_MIN {
+            return self.spin(&tag, None);
+        }
+        let (reduce, reduced) = match reduce {
+            Some((f, at)) => (Some(f), Some(at)),
+            None => (None, None),
+        };
+        let mut place = Place {
+            tag,
+            dst,
+            window: Duration::ZERO,
+            reduce,
+            reduced: 0,
+            gave_up: false,
+        };
+        let spun = self.spin(&tag, Some(&mut place));
+        if let Some(at) = reduced {
+            *at = place.reduced;
+        }
+        spun
     }
 
     /// Registers the receive and waits for the pump to deliver it.
@@ -119,9 +168,10 @@ impl ShmLink {
     }
 
     /// Reads the peer's ring on this thread until `tag`'s payload (or the link's failure)
-    /// is here or the spin window has passed; `None` then. With `dst`, a payload of its
-    /// length whose head the spin reads itself is placed there (`Got::Placed`).
-    fn spin(&self, tag: &Tag, mut dst: Option<&mut [u8]>) -> Option<Result<Got, LinkError>> {
+    /// is here or the spin window has passed; `None` then. With `place`, a payload of its
+    /// destination's length whose head the spin reads itself is placed there
+    /// (`Got::Placed`).
+    fn spin(&self, tag: &Tag, mut place: Option<&mut Place<'_>>) -> Option<Result<Got, LinkError>> {
         let matcher = &self.shared.matcher;
         if let Some(result) = matcher.take(tag) {
             return Some(result.map(Got::Payload));
@@ -134,14 +184,12 @@ impl ShmLink {
         let mut crowded = false;
         let mut tries = 0u32;
         let result = loop {
-            let took = match dst.as_deref_mut() {
-                Some(dst) => {
-                    let mut place = Place {
-                        tag: *tag,
-                        dst,
-                        window,
-                    };
-                    match self.shared.try_place(&mut place) {
+            let took = match place.as_deref_mut() {
+                // A pass that gave up handed its part back to the decoder: the frame is
+                // then read whole, and no later frame is placed for this receive.
+                Some(place) if !place.gave_up => {
+                    place.window = window;
+                    match self.shared.try_place(place) {
                         Placed::Done => {
                             self.spin.caught();
                             break Some(Ok(Got::Placed));
@@ -149,7 +197,7 @@ impl ShmLink {
                         Placed::Not(pumped) => self.pumped(pumped),
                     }
                 }
-                None => self.read_ring(),
+                _ => self.read_ring(),
             };
             if let Some(result) = matcher.take(tag) {
                 self.spin.caught();
@@ -283,6 +331,15 @@ impl Link<Bytes> for ShmLink {
 
     fn recv_into<'a>(&'a self, tag: Tag, dst: &'a mut [u8]) -> Option<LinkFuture<'a, usize>> {
         Some(Box::pin(self.recv_chunk_into(tag, dst)))
+    }
+
+    fn recv_reduce_into<'a>(
+        &'a self,
+        tag: Tag,
+        dst: &'a mut [u8],
+        reduce: Reducer<'a>,
+    ) -> Option<LinkFuture<'a, usize>> {
+        Some(Box::pin(self.recv_chunk_reduce(tag, dst, reduce)))
     }
 
     fn cancel(&self, reason: CancelReason) {

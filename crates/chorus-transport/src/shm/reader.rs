@@ -11,7 +11,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use chorus_engine::link::Tag;
+use chorus_engine::link::{Reducer, Tag};
 use chorus_protocol::message::Depart;
 use chorus_protocol::{ChunkHead, CloseCode, Collective, DType};
 
@@ -110,19 +110,40 @@ fn flow_depart(flow: Flow) -> Option<Depart> {
     }
 }
 
+/// Bytes of ring a reducing placement stages at a time: well inside L1 with the
+/// destination's block, and a bound on the staging whatever the payload's length.
+pub(super) const BOUNCE: usize = 16 * 1024;
+
+/// A placement publishes its head after every block, but wakes a sleeping peer (whose
+/// pump sleeps with one flag for data and for room) only this often, before it waits and
+/// when it is done: a wake per bounce block would cost the peer a futex wake-up per 16 KiB.
+const WAKE_EVERY: usize = 256 * 1024;
+
 /// A receive on this thread that takes its chunk's payload from the ring straight into
-/// `dst` (`Link::recv_into`), skipping the decoder's buffer: one copy fewer.
+/// `dst` (`Link::recv_into`), skipping the decoder's buffer: one copy fewer. With
+/// `reduce` (`Link::recv_reduce_into`), the payload is reduced into `dst` instead, block
+/// by block through a small aligned bounce buffer (the kernel reads private, aligned
+/// memory, and an element split by the ring's wrap is whole there), never buffered whole.
 ///
 /// Only the thread that polls the receive ever writes `dst`, and only inside one pass that
 /// holds the reader lock from the chunk's head to its last byte, so the borrow can never
 /// outlive the bytes' arrival. A pass that must give up halfway (the peer stalls past
 /// `window`, the link fails) hands the part it placed back to the decoder, which then holds
-/// exactly what it would have read itself, and the pump finishes the frame as usual.
+/// exactly what it would have read itself, and the pump finishes the frame as usual. A
+/// reducing pass hands back `dst`'s bytes instead (their places in the payload, whose
+/// contents the receive then ignores) and records in `reduced` how many it reduced: the
+/// receive reduces only the rest of the payload the pump delivers.
 pub(super) struct Place<'d> {
     pub(super) tag: Tag,
     pub(super) dst: &'d mut [u8],
     /// How long the placement waits without progress for the rest of the payload.
     pub(super) window: Duration,
+    /// Reduce into `dst` rather than copy.
+    pub(super) reduce: Option<Reducer<'d>>,
+    /// Bytes at the front of `dst` already reduced by a pass that gave up.
+    pub(super) reduced: usize,
+    /// A pass gave up on this payload: the pump finishes it, and no later pass places.
+    pub(super) gave_up: bool,
 }
 
 /// What a placing pass found.
@@ -216,30 +237,69 @@ impl Shared {
     fn place(&self, st: &mut ReadState, place: &mut Place<'_>) -> Result<bool, Flow> {
         let peer = self.me.peer();
         let len = place.dst.len();
+        // A reduction takes whole elements only; a copy takes any byte.
+        let (unit, most) = match place.reduce {
+            Some(_) => (place.tag.dtype.size(), BOUNCE),
+            None => (1, usize::MAX),
+        };
+        if place.reduce.is_some() && st.bounce.len() < BOUNCE / 8 {
+            st.bounce.resize(BOUNCE / 8, 0);
+        }
         let mut filled = 0;
         let mut patience = Patience::new(Instant::now(), place.window);
         let mut tries = 0u32;
+        // Bytes consumed since the peer was last told (see `WAKE_EVERY`).
+        let mut unwoken = 0;
         while filled < len {
             let tail = self.tail(peer).load(Ordering::Acquire);
-            let spans = st
+            let mut spans = st
                 .consumer
-                .readable(tail, len - filled)
+                .readable(tail, (len - filled).min(most))
                 .map_err(|e| self.ring_violation(&e))?;
+            let whole = spans.len() - spans.len() % unit;
+            if whole != spans.len() {
+                // The same tail, fewer bytes: cannot fail where the wider call did not.
+                spans = st
+                    .consumer
+                    .readable(tail, whole)
+                    .map_err(|e| self.ring_violation(&e))?;
+            }
             if !spans.is_empty() {
                 let n = spans.len();
                 // In range: `readable` returns at most `len - filled` bytes.
-                self.seg
-                    .copy_out_to(peer, &spans, &mut place.dst[filled..filled + n]);
+                let to = &mut place.dst[filled..filled + n];
+                match place.reduce {
+                    None => self.seg.copy_out_to(peer, &spans, to),
+                    Some(reduce) => {
+                        // At most `BOUNCE` bytes, and the buffer holds that many.
+                        let staged = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut st.bounce)[..n];
+                        self.seg.copy_out_to(peer, &spans, staged);
+                        reduce(to, staged);
+                    }
+                }
                 filled += n;
                 let head = st.consumer.consume(n);
                 self.head(peer).store(head, Ordering::SeqCst);
-                self.notify_peer();
+                unwoken += n;
+                if unwoken >= WAKE_EVERY {
+                    self.notify_peer();
+                    unwoken = 0;
+                }
                 patience.took(Instant::now(), n);
                 continue;
+            }
+            // About to wait: a peer asleep for room gets it now.
+            if unwoken > 0 {
+                self.notify_peer();
+                unwoken = 0;
             }
             let now = Instant::now();
             if patience.spent(now) || self.peer_closed() || self.matcher.terminal().is_some() {
                 st.decoder.push(&place.dst[..filled]);
+                place.gave_up = true;
+                if place.reduce.is_some() {
+                    place.reduced = filled;
+                }
                 return Ok(false);
             }
             tries += 1;
@@ -248,6 +308,9 @@ impl Shared {
             } else {
                 std::hint::spin_loop();
             }
+        }
+        if unwoken > 0 {
+            self.notify_peer();
         }
         match st.decoder.skip_placed() {
             Ok(()) => Ok(true),

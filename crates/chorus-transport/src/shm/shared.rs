@@ -47,6 +47,9 @@ pub(super) struct ReadState {
     pub(super) decoder: Decoder,
     /// The stream ended or was refused; every later pass answers with the same close.
     pub(super) ended: Option<Option<Depart>>,
+    /// Where a reducing placement stages each block of ring bytes for the kernel
+    /// (`reader::BOUNCE` bytes, 8-byte aligned for every element type), made on first use.
+    pub(super) bounce: Vec<u64>,
 }
 
 impl Shared {
@@ -70,6 +73,7 @@ impl Shared {
                 consumer: Consumer::new(&layout),
                 decoder,
                 ended: None,
+                bounce: Vec::new(),
             }),
             outbound: Arc::new(Mutex::new(outbound)),
             producer: Mutex::new(Producer::new(&layout)),
