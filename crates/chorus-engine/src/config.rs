@@ -179,6 +179,21 @@ impl Default for Thresholds {
     }
 }
 
+impl Thresholds {
+    /// The crossovers for a world whose every link shares memory with its peer (the shm
+    /// transport): all-reduce takes the ring from 256 KiB in worlds of more than two, not
+    /// halving-doubling up to 8 MiB. With no network under it a step costs a copy and a
+    /// wake-up rather than a round trip, so the ring's `2(n-1)` steps lose less to latency
+    /// and its one neighbour per rank keeps each copy streaming; see [`crate::select`] for
+    /// the measurement. The other crossovers are the network's.
+    pub fn shared_memory(self) -> Self {
+        Thresholds {
+            all_reduce_halving_below: self.all_reduce_halving_below.min(256 << 10),
+            ..self
+        }
+    }
+}
+
 impl EngineConfig {
     /// Check that the configuration can be used.
     pub fn validate(&self) -> Result<(), EngineError> {

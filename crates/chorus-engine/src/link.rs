@@ -118,6 +118,13 @@ pub trait Link<P = Bytes>: Send + Sync {
     fn failure(&self) -> Option<LinkError> {
         None
     }
+
+    /// True when the link moves bytes through memory shared with its peer, not a network:
+    /// a world whose links all do has other algorithm crossovers
+    /// ([`crate::Thresholds::shared_memory`]). Links that cannot tell say false.
+    fn shares_memory(&self) -> bool {
+        false
+    }
 }
 
 /// Identifies one payload of one operation. Every rank derives the same tags from the same

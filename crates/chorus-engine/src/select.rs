@@ -89,9 +89,29 @@
 //! 64 KiB) and reduce-scatter (recursive halving below 1 MiB) crossovers were not measured
 //! separately; they follow the same latency-versus-bandwidth argument and are configuration
 //! like the others.
+//!
+//! A fifth series, 2026-12-02, on shared memory at 4 ranks (2 cores), in place, GB/s, four
+//! alternating rounds at load 4–11 (`CHORUS_ALGO=all-reduce=… chorus bench all-reduce -n 4
+//! --transport shm -b 256K -e 4M -f 2 -w 5 -i 30`):
+//!
+//! | size | ring | halving-doubling | recursive doubling |
+//! |---|---|---|---|
+//! | 256 KiB | **2.10** | 1.57 | 1.13 |
+//! | 512 KiB | **2.35** | 1.82 | 0.98 |
+//! | 1 MiB | **1.93** | 1.37 | 1.12 |
+//! | 2 MiB | **2.00** | 1.37 | 0.94 |
+//! | 4 MiB | **2.10** | 1.34 | 0.75 |
+//!
+//! (out of place the ring won from 512 KiB, 1.64–1.79 against 0.90–1.45). With no network
+//! under it a step is a copy and a wake-up, not a round trip, so the ring's longer chain
+//! costs little and its single neighbour keeps each copy streaming. A world whose links all
+//! share memory therefore takes the ring from 256 KiB ([`Thresholds::shared_memory`], applied
+//! by the runtime when every link of an epoch is shm); a mixed world keeps the network's.
 
 use chorus_protocol::Collective;
 
+#[cfg(doc)]
+use crate::config::Thresholds;
 use crate::config::{Algorithm, EngineConfig};
 
 /// The algorithm for `collective` on a buffer of `bytes` (as [`crate::config::Thresholds`]
@@ -192,6 +212,27 @@ mod tests {
         assert_eq!(
             select(Collective::AllReduce, 8 << 20, 4, &c),
             Algorithm::Ring
+        );
+        // Over shared memory (module docs): the ring from 256 KiB, the rest unchanged.
+        let shm = EngineConfig {
+            thresholds: c.thresholds.clone().shared_memory(),
+            ..EngineConfig::default()
+        };
+        assert_eq!(
+            select(Collective::AllReduce, (256 << 10) - 4, 4, &shm),
+            Algorithm::HalvingDoubling
+        );
+        assert_eq!(
+            select(Collective::AllReduce, 256 << 10, 4, &shm),
+            Algorithm::Ring
+        );
+        assert_eq!(
+            select(Collective::AllReduce, 8, 4, &shm),
+            Algorithm::RecursiveDoubling
+        );
+        assert_eq!(
+            select(Collective::AllReduce, 128 << 10, 2, &shm),
+            Algorithm::RecursiveDoubling
         );
         assert_eq!(
             select(Collective::AllReduce, 64 << 20, 1, &c),

@@ -153,6 +153,8 @@ fn round_trip_every_size_both_ways_and_early_arrivals_are_held() {
         let (t, _) = transport(Some(cfg));
         let mut l = listener(&t, 0).await;
         let (a, b) = pair(&t, &mut l).await;
+        // The runtime picks shared-memory crossovers from this.
+        assert!(a.shares_memory() && b.shares_memory());
         for (i, len) in [0, 1, 100, 65_536 - 64, 65_536, 300_000, 4 << 20, 16 << 20]
             .into_iter()
             .enumerate()

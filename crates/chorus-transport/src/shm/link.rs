@@ -350,6 +350,10 @@ impl Link<Bytes> for ShmLink {
         self.shared.matcher.terminal()
     }
 
+    fn shares_memory(&self) -> bool {
+        true
+    }
+
     fn is_flushed(&self) -> bool {
         let s = &*self.shared;
         if s.matcher.terminal().is_some() {

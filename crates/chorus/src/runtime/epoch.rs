@@ -137,7 +137,10 @@ async fn build_epoch(
             .await??
     };
     drop(building);
-    let engine_config = engine_config(&session.config)?;
+    let mut engine_config = engine_config(&session.config)?;
+    if !links.is_empty() && links.iter().all(|l| l.shares_memory()) {
+        engine_config.thresholds = engine_config.thresholds.shared_memory();
+    }
     let engine = Engine::new(
         rank,
         world,
