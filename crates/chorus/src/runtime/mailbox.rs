@@ -40,12 +40,11 @@ pub(crate) enum LineageMsg {
     },
     /// A stream ended.
     ChannelDown { id: u64, error: LinkError },
-    /// Attempt `attempt` to open a stream gave up; `refused` is the acceptor's `Reject`
-    /// code, if it answered with one.
+    /// An attempt to open a stream gave up; `refused` is the acceptor's `Reject` code, if
+    /// it answered with one.
     ConnectFailed {
         peer: Rank,
         epoch: Epoch,
-        attempt: u64,
         refused: Option<CloseCode>,
     },
     /// A peer's process on this host exited.

@@ -2,7 +2,7 @@
 //! writer task), the ones being opened, the frames waiting for them, and the bounded
 //! close-after-flush every stream ends with.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +14,6 @@ use chorus_transport::{ControlChannel, Fingerprint, QuicEndpoint};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::attempts::Attempts;
 use crate::runtime::Clock;
 use crate::runtime::mailbox::{LineageMsg, not_yet};
 use crate::runtime::socket_addr;
@@ -22,15 +21,6 @@ use crate::runtime::socket_addr;
 /// How many frames wait for a stream to a peer being opened: a peer we cannot reach does
 /// not grow our memory.
 const MAX_PENDING: usize = 1024;
-
-/// An attempt's opener task, aborted (its handshake with it) when dropped.
-struct Opener(JoinHandle<()>);
-
-impl Drop for Opener {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// One open control stream.
 struct Chan {
@@ -111,13 +101,9 @@ pub(super) struct Channels {
     close_budget: Duration,
     /// How long an opener keeps trying.
     give_up: Duration,
-    /// How old an attempt may grow before a frame for its peer starts a fresh one.
-    hedge_after: Duration,
     chans: HashMap<u64, Chan>,
     next_chan: u64,
-    /// The attempts under way per stream (never none).
-    connecting: HashMap<(Epoch, Rank), Attempts<Opener>>,
-    next_attempt: u64,
+    connecting: HashSet<(Epoch, Rank)>,
     pending: HashMap<(Epoch, Rank), VecDeque<Message>>,
     /// The lineage is over: no stream opens any more.
     closed: bool,
@@ -130,7 +116,6 @@ impl Channels {
         me: mpsc::UnboundedSender<LineageMsg>,
         close_budget: Duration,
         give_up: Duration,
-        hedge_after: Duration,
     ) -> Channels {
         Channels {
             clock,
@@ -138,11 +123,9 @@ impl Channels {
             me,
             close_budget,
             give_up,
-            hedge_after,
             chans: HashMap::new(),
             next_chan: 0,
-            connecting: HashMap::new(),
-            next_attempt: 0,
+            connecting: HashSet::new(),
             pending: HashMap::new(),
             closed: false,
         }
@@ -150,7 +133,7 @@ impl Channels {
 
     /// Streams to members being opened.
     pub(super) fn connecting(&self) -> impl Iterator<Item = &(Epoch, Rank)> {
-        self.connecting.keys()
+        self.connecting.iter()
     }
 
     /// The lineage is over: streams handed in from now on are closed at once.
@@ -263,19 +246,10 @@ impl Channels {
         }
     }
 
-    /// Attempt `attempt` to open a stream to `peer` at `epoch` gave up: once no other is
-    /// under way, what waited for the stream goes.
-    pub(super) fn connect_failed(&mut self, peer: Rank, epoch: Epoch, attempt: u64) {
-        let key = (epoch, peer);
-        if self
-            .connecting
-            .get_mut(&key)
-            .is_some_and(|a| !a.failed(attempt))
-        {
-            return;
-        }
-        self.connecting.remove(&key);
-        self.pending.remove(&key);
+    /// An attempt to open a stream to `peer` at `epoch` gave up: what waited for it goes.
+    pub(super) fn connect_failed(&mut self, peer: Rank, epoch: Epoch) {
+        self.connecting.remove(&(epoch, peer));
+        self.pending.remove(&(epoch, peer));
     }
 
     /// Sends `message` on stream `id` (a status reply, a welcome), if it is open.
@@ -307,39 +281,21 @@ impl Channels {
         }
     }
 
-    /// Opens a control stream to `peer` at `epoch` unless one is open, or an attempt to
-    /// open it is younger than `hedge_after` (see [`super::attempts`]).
+    /// Opens a control stream to `peer` at `epoch` unless one is open or opening.
     pub(super) fn ensure(
         &mut self,
         peer: Rank,
         epoch: Epoch,
         route: impl FnOnce() -> Option<Route>,
     ) {
-        if self.closed || self.chans.values().any(|c| c.is_member(peer, epoch)) {
-            return;
-        }
-        let now = self.clock.now();
-        let key = (epoch, peer);
-        if self
-            .connecting
-            .get(&key)
-            .is_some_and(|a| !a.due(now, self.hedge_after))
+        if self.closed
+            || self.connecting.contains(&(epoch, peer))
+            || self.chans.values().any(|c| c.is_member(peer, epoch))
         {
             return;
         }
         let Some(route) = route() else { return };
-        let id = self.next_attempt;
-        self.next_attempt += 1;
-        let opener = Opener(self.attempt(peer, epoch, route, id));
-        self.connecting
-            .entry(key)
-            .or_default()
-            .push(id, now, opener);
-    }
-
-    /// Attempt `id` at opening a control stream along `route`: reports the stream, or that
-    /// it gave up.
-    fn attempt(&self, peer: Rank, epoch: Epoch, route: Route, id: u64) -> JoinHandle<()> {
+        self.connecting.insert((epoch, peer));
         let (clock, quic, tx) = (self.clock, self.quic.clone(), self.me.clone());
         // Give up after a deadline's worth of trying: by then the detector has decided.
         let give_up = clock.now() + self.give_up;
@@ -384,10 +340,9 @@ impl Channels {
             let _ = tx.send(LineageMsg::ConnectFailed {
                 peer,
                 epoch,
-                attempt: id,
                 refused,
             });
-        })
+        });
     }
 
     /// Closes the member streams to `peer` at `epoch` with `code` (after a flush).

@@ -9,15 +9,13 @@
 //!   manner of `chorus_control::Node`, with its parts: [`waiters`] (shrink and grow
 //!   bookkeeping), [`joiners`] (joiner admission), [`departure`] (leaving), [`aborts`] (events
 //!   turned into aborts);
-//! - [`channels`]: the control-stream pool and its bounded close-after-flush, with
-//!   [`attempts`] (the attempts to open a stream, and when to start another);
+//! - [`channels`]: the control-stream pool and its bounded close-after-flush;
 //! - [`exits`]: same-host process exits (pidfd);
 //! - [`handle`]: starting a lineage and the application's handle on it; [`published`]:
 //!   what the task publishes for the application to read.
 
 mod aborts;
 mod action;
-mod attempts;
 mod channels;
 mod departure;
 mod exits;

@@ -68,7 +68,6 @@ impl LineageTask {
             me.clone(),
             session.config.teardown_budget / 2,
             session.config.heartbeat_deadline,
-            session.config.heartbeat_interval,
         );
         let mut task = LineageTask {
             session,
@@ -144,10 +143,9 @@ impl LineageTask {
             LineageMsg::ConnectFailed {
                 peer,
                 epoch,
-                attempt,
                 refused,
             } => {
-                self.channels.connect_failed(peer, epoch, attempt);
+                self.channels.connect_failed(peer, epoch);
                 if let Some(code) = refused {
                     self.input(Input::ConnectionClosed { peer, epoch, code });
                 }
