@@ -16,7 +16,6 @@
 //! [`OpErrorKind::Poisoned`], and operations still running are aborted with
 //! [`AbortReason::OpFailed`]. The runtime then aborts, revokes or shrinks.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,7 +55,7 @@ pub struct Engine<D: Device, L: Link<D::Payload> + ?Sized> {
     config: EngineConfig,
     next_seq: AtomicU64,
     /// Next point-to-point sequence per (direction is send, peer).
-    p2p_seq: Mutex<HashMap<(bool, u32), u64>>,
+    p2p_seq: Mutex<IdMap<(bool, u32), u64>>,
     poison: Mutex<Option<Arc<OpError>>>,
     running: Mutex<IdMap<u64, Arc<OpProgress>>>,
     next_id: AtomicU64,
@@ -153,7 +152,7 @@ where
             ctx: parent.child(),
             config,
             next_seq: AtomicU64::new(0),
-            p2p_seq: Mutex::new(HashMap::new()),
+            p2p_seq: Mutex::new(IdMap::default()),
             poison: Mutex::new(None),
             running: Mutex::new(IdMap::default()),
             next_id: AtomicU64::new(0),

@@ -6,7 +6,6 @@
 //! [`Matcher::acquire`]. Nothing here blocks a thread, and every wait ends when the link
 //! fails, so `cancel` reaches every pending operation at once.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
@@ -17,6 +16,11 @@ use smallvec::SmallVec;
 use tokio::sync::{Semaphore, oneshot};
 
 type Key = (u64, u32);
+
+/// The maps keyed by a peer's tags: a fast hash (SipHash cost ~100 instructions on every
+/// receive of a latency-bound path), seeded at random per process, so a peer cannot pick
+/// tags that collide.
+type TagMap<V> = foldhash::HashMap<Key, V>;
 
 fn key(tag: &Tag) -> Key {
     (tag.op.get(), tag.step)
@@ -50,9 +54,11 @@ struct State {
     terminal: Option<LinkError>,
     /// Early arrivals by `(op, step)`; more than one under a key only from a peer that
     /// repeats a tag, so the first is held inline (no allocation per early arrival).
-    held: HashMap<Key, SmallVec<[(Tag, Bytes); 1]>>,
+    held: TagMap<SmallVec<[(Tag, Bytes); 1]>>,
     held_bytes: u64,
-    waiters: HashMap<Key, VecDeque<Waiter>>,
+    /// Registered receives by `(op, step)`, oldest first; one per key but for dropped
+    /// receives whose tag is asked for again, so the first is held inline.
+    waiters: TagMap<SmallVec<[Waiter; 1]>>,
 }
 
 impl State {
@@ -216,7 +222,7 @@ impl Matcher {
         st.waiters
             .entry(key(&tag))
             .or_default()
-            .push_back(Waiter { tag, tx });
+            .push(Waiter { tag, tx });
         Ok(Waiting { matcher: self, rx })
     }
 
@@ -242,7 +248,8 @@ impl Matcher {
         let mut payload = payload;
         if let Some(q) = st.waiters.get_mut(&k) {
             // Skip waiters whose `recv` future was dropped.
-            while let Some(w) = q.pop_front() {
+            while !q.is_empty() {
+                let w = q.remove(0);
                 let result = if w.tag == tag {
                     Ok(payload)
                 } else {
@@ -284,21 +291,15 @@ impl Matcher {
     /// Waits for room to hand `len` bytes to the wire (bounded by the window, so a payload
     /// larger than the window waits for an empty window rather than forever).
     pub(crate) async fn acquire(&self, len: usize) -> Result<Credit, LinkError> {
-        if let Some(err) = self.terminal() {
-            return Err(err);
+        // The window is rarely full: take the permits without building a waiting future,
+        // unless someone queued before us (the semaphore's queue is first come, first
+        // served, and so must the stream be).
+        if let Some(now) = self.try_acquire(len) {
+            return now;
         }
         let n = u32::try_from(len)
             .unwrap_or(u32::MAX)
             .min(self.window_bytes);
-        // The window is rarely full: take the permits without building a waiting future,
-        // unless someone queued before us (the semaphore's queue is first come, first
-        // served, and so must the stream be).
-        if self.queued.load(Ordering::SeqCst) == 0
-            && let Ok(permit) = self.window.try_acquire_many(n)
-        {
-            permit.forget();
-            return Ok(Credit(n));
-        }
         self.queued.fetch_add(1, Ordering::SeqCst);
         let acquired = Queued(&self.queued);
         let result = self.window.acquire_many(n).await;
@@ -314,6 +315,23 @@ impl Matcher {
                     detail: "send window closed".into(),
                 })),
         }
+    }
+
+    /// [`Matcher::acquire`] without waiting: `None` when the credit is not there at once
+    /// (or others wait for it first), the link's failure if it failed.
+    pub(crate) fn try_acquire(&self, len: usize) -> Option<Result<Credit, LinkError>> {
+        if let Some(err) = self.terminal() {
+            return Some(Err(err));
+        }
+        let n = u32::try_from(len)
+            .unwrap_or(u32::MAX)
+            .min(self.window_bytes);
+        if self.queued.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let permit = self.window.try_acquire_many(n).ok()?;
+        permit.forget();
+        Some(Ok(Credit(n)))
     }
 
     /// Returns credit once the bytes are on the wire (or dropped by a failed link).
