@@ -15,6 +15,9 @@ use crate::limits::Limits;
 use crate::message::{ChunkHeader, Kind, Message};
 use crate::validation::validate_chunk_header;
 
+/// Bytes before a chunk's payload: the frame header, then the chunk header.
+pub const CHUNK_PREFIX_LEN: usize = HEADER_LEN + ChunkHeader::LEN;
+
 /// One decoded frame.
 #[derive(Clone, PartialEq, Debug)]
 pub struct Frame {
@@ -109,6 +112,19 @@ impl Encoder {
         payload_len: usize,
         out: &mut BytesMut,
     ) -> Result<Header, EncodeError> {
+        let (header, prefix) = self.chunk_prefix(envelope, chunk, payload_len)?;
+        out.put_slice(&prefix);
+        Ok(header)
+    }
+
+    /// [`Encoder::encode_chunk_prefix`] into an array: the prefix a sender writes straight
+    /// to its stream, with no buffer to allocate.
+    pub fn chunk_prefix(
+        &mut self,
+        envelope: &Envelope,
+        chunk: &ChunkHeader,
+        payload_len: usize,
+    ) -> Result<(Header, [u8; CHUNK_PREFIX_LEN]), EncodeError> {
         let kind = Kind::Chunk;
         validate_chunk_header(chunk, payload_len as u64)
             .map_err(|reason| EncodeError::Invalid { kind, reason })?;
@@ -117,11 +133,11 @@ impl Encoder {
             envelope,
             (ChunkHeader::LEN as u64).saturating_add(payload_len as u64),
         )?;
-        out.reserve(HEADER_LEN + ChunkHeader::LEN);
-        out.put_slice(&header.to_bytes());
-        out.put_slice(&chunk.to_bytes());
+        let mut prefix = [0u8; CHUNK_PREFIX_LEN];
+        prefix[..HEADER_LEN].copy_from_slice(&header.to_bytes());
+        prefix[HEADER_LEN..].copy_from_slice(&chunk.to_bytes());
         self.next_seq += 1;
-        Ok(header)
+        Ok((header, prefix))
     }
 
     /// The header for the next frame, after checking the body length against the limits.
@@ -239,7 +255,14 @@ mod tests {
         Encoder::default()
             .encode_chunk_prefix(&env(), &header, payload.len(), &mut prefix)
             .unwrap();
-        assert_eq!(prefix.len(), HEADER_LEN + ChunkHeader::LEN);
+        assert_eq!(prefix.len(), CHUNK_PREFIX_LEN);
+        // The array form writes the same bytes and numbers the frame the same way.
+        let mut enc = Encoder::default();
+        let (h, array) = enc.chunk_prefix(&env(), &header, payload.len()).unwrap();
+        assert_eq!(&array[..], &prefix[..]);
+        assert_eq!(h.seq, 0);
+        let (h, _) = enc.chunk_prefix(&env(), &header, payload.len()).unwrap();
+        assert_eq!(h.seq, 1);
         prefix.extend_from_slice(&payload);
         assert_eq!(prefix, whole);
     }

@@ -62,6 +62,16 @@ pub trait Link<P = Bytes>: Send + Sync {
         None
     }
 
+    /// [`Link::send_bytes`] when it needs no wait: `Some` with the outcome if the link took
+    /// the bytes at once (written, or copied and queued), `None` if it would first have to
+    /// wait (for send-window credit), having numbered and sent nothing; the caller then
+    /// uses `send_bytes` or `send`. No future to box: the path of small payloads. `None`
+    /// (the default) always, for a link without it.
+    fn send_bytes_now(&self, tag: Tag, data: &[u8]) -> Option<Result<(), LinkError>> {
+        let _ = (tag, data);
+        None
+    }
+
     /// The payload the peer sends under `tag`.
     fn recv(&self, tag: Tag) -> LinkFuture<'_, P>;
 

@@ -339,6 +339,9 @@ where
         let tag = self.admit(link, peer, step, offset).await?;
         if let Some(bytes) = self.dev.host_bytes(mem, off, len) {
             let bytes = bytes.map_err(|e| self.device(e))?;
+            if let Some(done) = link.send_bytes_now(tag, bytes) {
+                return done.map_err(|e| self.failure(Failure::Send(Rank(peer), step, e)));
+            }
             if let Some(mut fut) = link.send_bytes(tag, bytes) {
                 // The borrow of `mem` ends here: a link that cannot take the bytes at once
                 // (its send window is full) has written nothing, and gets a payload below.

@@ -7,7 +7,7 @@
 //! epoch, which a data stream serves exactly.
 
 use chorus_engine::link::{LinkError, Tag};
-use chorus_protocol::message::{Chunk, Depart, Message};
+use chorus_protocol::message::{Chunk, ChunkHeader, Depart, Message};
 use chorus_protocol::{CloseCode, Collective, DType, DecodeError, Envelope, Frame};
 
 use crate::matcher::Matcher;
@@ -61,13 +61,30 @@ pub(crate) fn on_lost(matcher: &Matcher, detail: String) {
     matcher.fail(LinkError::ConnectionLost { detail });
 }
 
+/// The tag of `frame` if it is a chunk [`on_frame`] would deliver (the link's epoch, codes
+/// the engine knows): a receive reading the stream itself may take such a chunk's payload
+/// straight from the decoder when the tag is the one it waits for.
+pub(crate) fn chunk_tag(peer: &Envelope, frame: &Frame) -> Option<Tag> {
+    match &frame.message {
+        Message::Chunk(chunk) if frame.header.epoch == peer.epoch => tag_of(&chunk.header),
+        _ => None,
+    }
+}
+
+fn tag_of(h: &ChunkHeader) -> Option<Tag> {
+    Some(Tag {
+        collective: Collective::from_code(h.collective)?,
+        op: h.op,
+        step: h.step,
+        offset: h.offset,
+        dtype: DType::from_code(h.dtype)?,
+    })
+}
+
 fn on_chunk(matcher: &Matcher, chunk: Chunk) -> Flow {
     let h = chunk.header;
     // A decoded chunk header always has known codes (the codec validates them).
-    let (Some(collective), Some(dtype)) = (
-        Collective::from_code(h.collective),
-        DType::from_code(h.dtype),
-    ) else {
+    let Some(tag) = tag_of(&h) else {
         return violation(
             matcher,
             CloseCode::PROTOCOL_VIOLATION,
@@ -76,13 +93,6 @@ fn on_chunk(matcher: &Matcher, chunk: Chunk) -> Flow {
                 h.collective, h.dtype
             ),
         );
-    };
-    let tag = Tag {
-        collective,
-        op: h.op,
-        step: h.step,
-        offset: h.offset,
-        dtype,
     };
     match matcher.deliver(tag, chunk.payload) {
         Ok(()) => Flow::Continue,

@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 use chorus_engine::link::{LinkError, Tag};
+use chorus_protocol::frame::CHUNK_PREFIX_LEN;
 use chorus_protocol::message::{ChunkHeader, Depart, Message};
 use chorus_protocol::{CloseCode, EncodeError, Encoder, Envelope};
 use parking_lot::{Mutex, MutexGuard};
@@ -53,20 +54,47 @@ pub(crate) struct OutFrame {
     rewind: Option<Encoder>,
 }
 
+/// A chunk numbered for a payload its sender still holds (see [`Outbound::number_len`]).
+#[derive(Debug)]
+pub(crate) struct Numbered {
+    prefix: [u8; CHUNK_PREFIX_LEN],
+    /// The encoder as it was before this chunk was numbered.
+    rewind: Encoder,
+}
+
+impl Numbered {
+    /// The frame header and chunk header, to be written before the payload.
+    pub(crate) fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// The frame to queue once the first `written` bytes of the prefix, then of `data`
+    /// (the whole payload), are on the wire.
+    pub(crate) fn into_frame(self, data: &[u8], written: usize) -> OutFrame {
+        let mut frame = OutFrame {
+            head: Bytes::copy_from_slice(&self.prefix),
+            payload: Bytes::new(),
+            off: 0,
+            credit: None,
+            rewind: Some(self.rewind),
+        };
+        frame.rest_of(data, written);
+        frame
+    }
+}
+
 /// Waits for `len` bytes of send-window credit, then numbers a frame with `admit` under the
 /// lock and returns it with the lock still held, so the caller writes it at once or queues
 /// it. Awaiting credit is the only suspension point, before anything is numbered: a future
 /// dropped there leaves no trace, and once it is past, the frame is written or queued whole.
 /// A refused frame gives its credit back.
-pub(crate) async fn admit_under_credit<'a>(
+pub(crate) async fn admit_under_credit<'a, F>(
     outbound: &'a Mutex<Outbound>,
     matcher: &Matcher,
     len: usize,
-    admit: impl FnOnce(&mut Outbound) -> Result<OutFrame, LinkError>,
-) -> Result<(MutexGuard<'a, Outbound>, OutFrame, Credit), LinkError> {
-    if let Some(err) = matcher.terminal() {
-        return Err(err);
-    }
+    admit: impl FnOnce(&mut Outbound) -> Result<F, LinkError>,
+) -> Result<(MutexGuard<'a, Outbound>, F, Credit), LinkError> {
+    // A failed link refuses here, before any credit is taken.
     let credit = matcher.acquire(len).await?;
     let mut out = outbound.lock();
     match admit(&mut out) {
@@ -135,7 +163,7 @@ impl OutFrame {
         ]
     }
 
-    /// Completes a frame from [`Outbound::admit_len`] whose first `written` bytes (of the
+    /// Completes a frame from [`Numbered::into_frame`] whose first `written` bytes (of the
     /// head, then of `data`, the whole payload) are on the wire: the rest of `data` is copied
     /// into a payload the frame owns, and the frame resumes where the wire stopped.
     pub(crate) fn rest_of(&mut self, data: &[u8], written: usize) {
@@ -215,15 +243,16 @@ impl Outbound {
             })
     }
 
-    /// [`Outbound::admit`] for a payload of `len` bytes the caller still holds: the frame
-    /// comes back with its head numbered and an empty payload, which the caller fills (see
-    /// [`OutFrame::rest_of`]) with whatever of its bytes the wire has not taken.
-    pub(crate) fn admit_len(
+    /// [`Outbound::admit`] for a payload of `len` bytes the caller still holds: the chunk's
+    /// head comes back numbered, in an array, so a caller that writes the frame whole at
+    /// once allocates nothing, and one that cannot makes the frame with
+    /// [`Numbered::into_frame`] from whatever of its bytes the wire has not taken.
+    pub(crate) fn number_len(
         &mut self,
         matcher: &Matcher,
         tag: &Tag,
         len: usize,
-    ) -> Result<OutFrame, LinkError> {
+    ) -> Result<Numbered, LinkError> {
         if self.closing {
             return Err(matcher
                 .terminal()
@@ -233,20 +262,14 @@ impl Outbound {
         }
         let header = ChunkHeader::new(tag.collective, tag.dtype, tag.op, tag.step, tag.offset);
         let rewind = self.encoder.clone();
-        let mut head = BytesMut::with_capacity(chorus_protocol::HEADER_LEN + ChunkHeader::LEN);
-        self.encoder
-            .encode_chunk_prefix(&self.me, &header, len, &mut head)
+        let (_, prefix) = self
+            .encoder
+            .chunk_prefix(&self.me, &header, len)
             .map_err(|e| LinkError::Protocol {
                 code: CloseCode::PROTOCOL_VIOLATION,
                 detail: format!("cannot send: {e}"),
             })?;
-        Ok(OutFrame {
-            head: head.freeze(),
-            payload: Bytes::new(),
-            off: 0,
-            credit: None,
-            rewind: Some(rewind),
-        })
+        Ok(Numbered { prefix, rewind })
     }
 
     /// Nothing queued and the writer not busy: a caller may write to the wire itself.
@@ -421,13 +444,13 @@ mod tests {
                 offset: 0,
                 dtype: DType::U8,
             };
-            let mut f = o.admit_len(&m, &t, data.len()).unwrap();
-            let head = f.head.clone();
+            let numbered = o.number_len(&m, &t, data.len()).unwrap();
+            let head = numbered.prefix().to_vec();
             assert!(written <= head.len() + data.len());
             let mut wire = BytesMut::new();
             wire.extend_from_slice(&head[..written.min(head.len())]);
             wire.extend_from_slice(&data[..written.saturating_sub(head.len())]);
-            f.rest_of(&data, written);
+            let f = numbered.into_frame(&data, written);
             let (h, p) = f.rest();
             wire.extend_from_slice(h);
             wire.extend_from_slice(p);

@@ -181,6 +181,44 @@ fn round_trip_every_size_both_ways_and_early_arrivals_are_held() {
     });
 }
 
+/// `send_bytes_now` writes what needs no wait, and with the send window used up by a frame
+/// still queued it answers `None` having numbered nothing: the stream stays in sequence.
+#[test]
+fn send_bytes_now_refuses_without_credit_and_numbers_nothing() {
+    shared(async {
+        let cfg = TransportConfig {
+            shm_ring: 64 << 10,
+            send_window: 256 << 10,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (a, b) = pair(&t, &mut l).await;
+        a.send_bytes_now(tag(1, 0), b"small").unwrap().unwrap();
+        assert_eq!(&b.recv(tag(1, 0)).await.unwrap()[..], b"small");
+        // Nobody reads: the ring fills, the rest is queued holding the whole window.
+        a.send(tag(2, 0), pattern(1 << 20, 2)).await.unwrap();
+        assert!(a.send_bytes_now(tag(3, 0), b"later").is_none());
+        assert!(b.recv(tag(2, 0)).await.unwrap() == pattern(1 << 20, 2));
+        // The credit comes back once the pump has written the frame.
+        let deadline = Instant::now() + WAIT;
+        let sent = loop {
+            if let Some(done) = a.send_bytes_now(tag(3, 0), b"later") {
+                break done;
+            }
+            assert!(Instant::now() < deadline, "the window never reopened");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        sent.unwrap();
+        assert_eq!(&b.recv(tag(3, 0)).await.unwrap()[..], b"later");
+        a.cancel(CancelReason::new(CloseCode::NORMAL, "done"));
+        assert!(matches!(
+            a.send_bytes_now(tag(4, 0), b"x"),
+            Some(Err(LinkError::Cancelled(_)))
+        ));
+    });
+}
+
 /// `recv_into` lands every size in the destination, whether the spin places it straight
 /// from the ring or the frame was held first; another length is reported, never copied.
 #[test]

@@ -16,10 +16,12 @@ use bytes::Bytes;
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Reducer, Tag};
 use chorus_protocol::message::Depart;
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
+use parking_lot::MutexGuard;
 
 use super::patience::{Patience, near_miss};
 use super::reader::{Place, Placed, Pumped};
 use super::shared::Shared;
+use crate::matcher::Credit;
 use crate::outbound;
 use crate::spin::{CROWDED_NAP, SpinBudget, a_core_is_free};
 
@@ -197,7 +199,15 @@ impl ShmLink {
                         Placed::Not(pumped) => self.pumped(pumped),
                     }
                 }
-                _ => self.read_ring(),
+                _ => {
+                    let (pumped, got) = self.shared.try_pump_for(tag);
+                    let took = self.pumped(pumped);
+                    if let Some(payload) = got {
+                        self.spin.caught();
+                        break Some(Ok(Got::Payload(payload)));
+                    }
+                    took
+                }
             };
             if let Some(result) = matcher.take(tag) {
                 self.spin.caught();
@@ -246,24 +256,29 @@ impl ShmLink {
     }
 
     /// Writes the frame on this thread if the stream is idle; queues the rest for the pump.
-    async fn send_frame(
+    async fn send_frame<'d>(
         &self,
         len: usize,
-        admit: impl FnOnce(&mut outbound::Outbound) -> Result<outbound::OutFrame, LinkError>,
-        data: Option<&[u8]>,
+        admit: impl FnOnce(&mut outbound::Outbound) -> Result<Outgoing<'d>, LinkError>,
     ) -> Result<(), LinkError> {
         let s = &*self.shared;
-        let (mut out, mut frame, credit) =
+        let (out, outgoing, credit) =
             outbound::admit_under_credit(&s.outbound, &s.matcher, len, admit).await?;
+        self.write_or_queue(out, outgoing, credit)
+    }
+
+    /// Writes a numbered frame into the ring if the stream is idle, and queues what the ring
+    /// did not take for the pump.
+    fn write_or_queue(
+        &self,
+        mut out: MutexGuard<'_, outbound::Outbound>,
+        outgoing: Outgoing<'_>,
+        credit: Credit,
+    ) -> Result<(), LinkError> {
+        let s = &*self.shared;
         let mut written = 0;
         if out.is_idle() {
-            let parts = match data {
-                Some(d) => [&frame.head[..], d],
-                None => {
-                    let (h, p) = frame.rest();
-                    [h, p]
-                }
-            };
+            let parts = outgoing.parts();
             let total = parts[0].len() + parts[1].len();
             let result = {
                 let mut producer = s.producer.lock();
@@ -285,10 +300,7 @@ impl ShmLink {
                 return Ok(());
             }
         }
-        match data {
-            Some(d) => frame.rest_of(d, written),
-            None => frame.off += written,
-        }
+        let mut frame = outgoing.into_frame(written);
         frame.credit = Some(credit);
         let wake = out.push(frame);
         drop(out);
@@ -296,6 +308,39 @@ impl ShmLink {
             s.kick();
         }
         Ok(())
+    }
+}
+
+/// A numbered chunk on its way to the ring.
+enum Outgoing<'d> {
+    /// A frame that owns its payload (`send`).
+    Frame(outbound::OutFrame),
+    /// A head for bytes the caller still holds (`send_bytes`): only what the ring cannot
+    /// take at once is copied, into a frame for the pump.
+    Data(outbound::Numbered, &'d [u8]),
+}
+
+impl Outgoing<'_> {
+    /// What to write: the head, then the payload.
+    fn parts(&self) -> [&[u8]; 2] {
+        match self {
+            Outgoing::Frame(frame) => {
+                let (h, p) = frame.rest();
+                [h, p]
+            }
+            Outgoing::Data(numbered, data) => [numbered.prefix(), data],
+        }
+    }
+
+    /// The frame to queue once the first `written` bytes are in the ring.
+    fn into_frame(self, written: usize) -> outbound::OutFrame {
+        match self {
+            Outgoing::Frame(mut frame) => {
+                frame.off += written;
+                frame
+            }
+            Outgoing::Data(numbered, data) => numbered.into_frame(data, written),
+        }
     }
 }
 
@@ -308,21 +353,39 @@ impl Link<Bytes> for ShmLink {
         Box::pin(async move {
             let matcher = &*self.shared.matcher;
             let len = payload.len();
-            self.send_frame(len, |out| out.admit(matcher, &tag, payload), None)
-                .await
+            self.send_frame(len, |out| {
+                out.admit(matcher, &tag, payload).map(Outgoing::Frame)
+            })
+            .await
         })
     }
 
     fn send_bytes<'a>(&'a self, tag: Tag, data: &'a [u8]) -> Option<LinkFuture<'a, ()>> {
         Some(Box::pin(async move {
             let matcher = &*self.shared.matcher;
-            self.send_frame(
-                data.len(),
-                |out| out.admit_len(matcher, &tag, data.len()),
-                Some(data),
-            )
+            self.send_frame(data.len(), |out| {
+                let numbered = out.number_len(matcher, &tag, data.len())?;
+                Ok(Outgoing::Data(numbered, data))
+            })
             .await
         }))
+    }
+
+    fn send_bytes_now(&self, tag: Tag, data: &[u8]) -> Option<Result<(), LinkError>> {
+        let s = &*self.shared;
+        let credit = match s.matcher.try_acquire(data.len())? {
+            Ok(credit) => credit,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut out = s.outbound.lock();
+        Some(match out.number_len(&s.matcher, &tag, data.len()) {
+            Ok(numbered) => self.write_or_queue(out, Outgoing::Data(numbered, data), credit),
+            Err(e) => {
+                drop(out);
+                s.matcher.release(credit);
+                Err(e)
+            }
+        })
     }
 
     fn recv(&self, tag: Tag) -> LinkFuture<'_, Bytes> {

@@ -11,8 +11,9 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use chorus_engine::link::{Reducer, Tag};
-use chorus_protocol::message::Depart;
+use chorus_protocol::message::{Depart, Message};
 use chorus_protocol::{ChunkHead, CloseCode, Collective, DType};
 
 use super::patience::Patience;
@@ -42,14 +43,29 @@ impl Shared {
     /// Reads the peer's ring, waiting for another reader to finish.
     pub(super) fn pump(&self) -> Pumped {
         let mut st = self.reader.lock();
-        self.drain(&mut st)
+        self.drain(&mut st, &mut Claim::None)
     }
 
     /// Like [`Shared::pump`], but `Busy` at once if another thread is reading.
     pub(super) fn try_pump(&self) -> Pumped {
         match self.reader.try_lock() {
-            Some(mut st) => self.drain(&mut st),
+            Some(mut st) => self.drain(&mut st, &mut Claim::None),
             None => Pumped::Busy,
+        }
+    }
+
+    /// [`Shared::try_pump`] for a receive waiting for `tag` on this thread: the first chunk
+    /// under `tag` is handed back (`Some`) rather than delivered to the matcher, which
+    /// would only hold it for the receive to take at once.
+    pub(super) fn try_pump_for(&self, tag: &Tag) -> (Pumped, Option<Bytes>) {
+        let Some(mut st) = self.reader.try_lock() else {
+            return (Pumped::Busy, None);
+        };
+        let mut claim = Claim::Want(*tag);
+        let pumped = self.drain(&mut st, &mut claim);
+        match claim {
+            Claim::Got(payload) => (pumped, Some(payload)),
+            _ => (pumped, None),
         }
     }
 
@@ -63,7 +79,7 @@ impl Shared {
         }
     }
 
-    fn drain(&self, st: &mut ReadState) -> Pumped {
+    fn drain(&self, st: &mut ReadState, claim: &mut Claim) -> Pumped {
         if let Some(depart) = &st.ended {
             return Pumped::Close(depart.clone());
         }
@@ -83,16 +99,24 @@ impl Shared {
             taken += spans.len();
             self.head(peer).store(head, Ordering::SeqCst);
             self.notify_peer();
-            if let Flow::Close(depart) = self.decode(st) {
+            if let Flow::Close(depart) = self.decode(st, claim) {
                 return st.end(depart);
             }
         }
     }
 
-    fn decode(&self, st: &mut ReadState) -> Flow {
+    fn decode(&self, st: &mut ReadState, claim: &mut Claim) -> Flow {
         loop {
             let flow = match st.decoder.next() {
-                Ok(Some(frame)) => inbound::on_frame(&self.matcher, &self.peer, frame),
+                Ok(Some(frame)) => match claim {
+                    Claim::Want(tag) if inbound::chunk_tag(&self.peer, &frame) == Some(*tag) => {
+                        if let Message::Chunk(chunk) = frame.message {
+                            *claim = Claim::Got(chunk.payload);
+                        }
+                        Flow::Continue
+                    }
+                    _ => inbound::on_frame(&self.matcher, &self.peer, frame),
+                },
                 Ok(None) => return Flow::Continue,
                 Err(e) => inbound::on_decode_error(&self.matcher, &e),
             };
@@ -101,6 +125,16 @@ impl Shared {
             }
         }
     }
+}
+
+/// What a pass does with a chunk under the tag a receive on its thread waits for.
+enum Claim {
+    /// Deliver every frame to the matcher (the pump, a placing pass).
+    None,
+    /// Keep the first chunk under this tag.
+    Want(Tag),
+    /// Kept.
+    Got(Bytes),
 }
 
 fn flow_depart(flow: Flow) -> Option<Depart> {
@@ -170,7 +204,7 @@ impl Shared {
         let peer = self.me.peer();
         let mut taken = 0;
         loop {
-            if let Flow::Close(depart) = self.decode(st) {
+            if let Flow::Close(depart) = self.decode(st, &mut Claim::None) {
                 return Placed::Not(st.end(depart));
             }
             match st.decoder.chunk_head() {

@@ -16,14 +16,14 @@ use bytes::Bytes;
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Tag};
 use chorus_protocol::message::Depart;
 use chorus_protocol::{CloseCode, CommId, Envelope, Epoch, Rank};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::BackendKind;
 use super::epoll::EpollConn;
 use super::reader::{Pumped, Reader};
 use super::socket;
 use super::uring::UringConn;
-use crate::matcher::Matcher;
+use crate::matcher::{Credit, Matcher};
 use crate::outbound::{self, Outbound};
 use crate::spin::{CROWDED_NAP, SpinBudget, a_core_is_free};
 
@@ -200,14 +200,44 @@ impl TcpLink {
         // A future dropped while it awaits credit leaves no trace (the engine then sends a
         // payload instead).
         let (matcher, len) = (&*self.matcher, data.len());
-        let (mut out, mut frame, credit) =
+        let (out, numbered, credit) =
             outbound::admit_under_credit(&self.outbound, matcher, len, |out| {
-                out.admit_len(matcher, &tag, len)
+                out.number_len(matcher, &tag, len)
             })
             .await?;
+        self.write_or_queue(out, numbered, data, credit)
+    }
+
+    /// `send_bytes_now`: `send_slice` when the credit is there at once.
+    fn send_slice_now(&self, tag: Tag, data: &[u8]) -> Option<Result<(), LinkError>> {
+        let matcher = &*self.matcher;
+        let credit = match matcher.try_acquire(data.len())? {
+            Ok(credit) => credit,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut out = self.outbound.lock();
+        Some(match out.number_len(matcher, &tag, data.len()) {
+            Ok(numbered) => self.write_or_queue(out, numbered, data, credit),
+            Err(e) => {
+                drop(out);
+                matcher.release(credit);
+                Err(e)
+            }
+        })
+    }
+
+    /// Writes a numbered chunk of `data` to the socket if the stream is idle (no buffer is
+    /// made for what the socket takes at once), and queues the rest for the writer.
+    fn write_or_queue(
+        &self,
+        mut out: MutexGuard<'_, outbound::Outbound>,
+        numbered: outbound::Numbered,
+        data: &[u8],
+        credit: Credit,
+    ) -> Result<(), LinkError> {
         let mut written = 0;
         if out.is_idle() {
-            match socket::send_vectored(self.io.fd(), &frame.head, data) {
+            match socket::send_vectored(self.io.fd(), numbered.prefix(), data) {
                 Ok(n) => written = n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => {
@@ -216,13 +246,13 @@ impl TcpLink {
                     return Err(self.lost(e));
                 }
             }
-            if written == frame.head.len() + data.len() {
+            if written == numbered.prefix().len() + data.len() {
                 drop(out);
                 self.matcher.release(credit);
                 return Ok(());
             }
         }
-        frame.rest_of(data, written);
+        let mut frame = numbered.into_frame(data, written);
         frame.credit = Some(credit);
         let wake = out.push(frame);
         drop(out);
@@ -291,6 +321,13 @@ impl Link<Bytes> for TcpLink {
             return None;
         }
         Some(Box::pin(self.send_slice(tag, data)))
+    }
+
+    fn send_bytes_now(&self, tag: Tag, data: &[u8]) -> Option<Result<(), LinkError>> {
+        if !direct(data.len(), self.io.zero_copy_from()) {
+            return None;
+        }
+        self.send_slice_now(tag, data)
     }
 
     fn recv(&self, tag: Tag) -> LinkFuture<'_, Bytes> {
