@@ -153,9 +153,20 @@ struct LinkCore {
     config: LinkConfig,
 }
 
+/// What one held payload costs beyond its bytes (its mailbox entry, tag and handle),
+/// counted against `max_held_bytes` so a peer announcing empty payloads under fresh tags
+/// cannot grow the mailbox without limit.
+const HELD_ENTRY_COST: u64 = 64;
+
+/// The bytes a held payload of `len` bytes counts against the bound.
+fn held_cost(len: u64) -> u64 {
+    len.saturating_add(HELD_ENTRY_COST)
+}
+
 #[derive(Default)]
 struct Mailbox {
     held: VecDeque<(Tag, GpuPayload)>,
+    /// Held and announced payloads, each at [`held_cost`].
     held_bytes: u64,
     wakers: Vec<Waker>,
     /// Why no more payloads will arrive.
@@ -493,7 +504,7 @@ impl Future for Recv<'_> {
             && let Some((got, payload)) = m.held.remove(i)
         {
             {
-                m.held_bytes -= payload.len as u64;
+                m.held_bytes -= held_cost(payload.len as u64);
                 return Poll::Ready(if got == want {
                     Ok(payload)
                 } else {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use chorus_engine::link::{LinkError, Tag};
 use chorus_protocol::CloseCode;
 
-use super::LinkCore;
+use super::{LinkCore, held_cost};
 use crate::credit::{Intake, Step, check_credit};
 use crate::error::CudaError;
 use crate::health::{ABORT, RETIRED_RECV};
@@ -140,7 +140,7 @@ impl LinkCore {
     ) -> Result<(), LinkError> {
         {
             let mut m = self.mailbox.lock();
-            let held = m.held_bytes.saturating_add(len);
+            let held = m.held_bytes.saturating_add(held_cost(len));
             if held > self.config.max_held_bytes {
                 return Err(LinkError::Overflow {
                     bytes: held,
