@@ -297,9 +297,7 @@ impl Matcher {
         if let Some(now) = self.try_acquire(len) {
             return now;
         }
-        let n = u32::try_from(len)
-            .unwrap_or(u32::MAX)
-            .min(self.window_bytes);
+        let n = self.credit_for(len);
         self.queued.fetch_add(1, Ordering::SeqCst);
         let acquired = Queued(&self.queued);
         let result = self.window.acquire_many(n).await;
@@ -323,15 +321,20 @@ impl Matcher {
         if let Some(err) = self.terminal() {
             return Some(Err(err));
         }
-        let n = u32::try_from(len)
-            .unwrap_or(u32::MAX)
-            .min(self.window_bytes);
         if self.queued.load(Ordering::SeqCst) != 0 {
             return None;
         }
+        let n = self.credit_for(len);
         let permit = self.window.try_acquire_many(n).ok()?;
         permit.forget();
         Some(Ok(Credit(n)))
+    }
+
+    /// The credit a send of `len` bytes takes: its length, at most the whole window.
+    fn credit_for(&self, len: usize) -> u32 {
+        u32::try_from(len)
+            .unwrap_or(u32::MAX)
+            .min(self.window_bytes)
     }
 
     /// Returns credit once the bytes are on the wire (or dropped by a failed link).

@@ -83,6 +83,9 @@ impl Numbered {
     }
 }
 
+/// A frame numbered under the stream's lock, which is still held, with its credit.
+pub(crate) type Admitted<'a, F> = (MutexGuard<'a, Outbound>, F, Credit);
+
 /// Waits for `len` bytes of send-window credit, then numbers a frame with `admit` under the
 /// lock and returns it with the lock still held, so the caller writes it at once or queues
 /// it. Awaiting credit is the only suspension point, before anything is numbered: a future
@@ -93,9 +96,35 @@ pub(crate) async fn admit_under_credit<'a, F>(
     matcher: &Matcher,
     len: usize,
     admit: impl FnOnce(&mut Outbound) -> Result<F, LinkError>,
-) -> Result<(MutexGuard<'a, Outbound>, F, Credit), LinkError> {
+) -> Result<Admitted<'a, F>, LinkError> {
     // A failed link refuses here, before any credit is taken.
     let credit = matcher.acquire(len).await?;
+    admit_with(outbound, matcher, credit, admit)
+}
+
+/// [`admit_under_credit`] without waiting: `None`, with nothing numbered, when the credit
+/// is not there at once (the caller then takes the waiting path).
+pub(crate) fn admit_now<'a, F>(
+    outbound: &'a Mutex<Outbound>,
+    matcher: &Matcher,
+    len: usize,
+    admit: impl FnOnce(&mut Outbound) -> Result<F, LinkError>,
+) -> Option<Result<Admitted<'a, F>, LinkError>> {
+    Some(
+        matcher
+            .try_acquire(len)?
+            .and_then(|credit| admit_with(outbound, matcher, credit, admit)),
+    )
+}
+
+/// Numbers a frame with `admit` under the lock, holding `credit`, which a refused frame
+/// gives back.
+fn admit_with<'a, F>(
+    outbound: &'a Mutex<Outbound>,
+    matcher: &Matcher,
+    credit: Credit,
+    admit: impl FnOnce(&mut Outbound) -> Result<F, LinkError>,
+) -> Result<Admitted<'a, F>, LinkError> {
     let mut out = outbound.lock();
     match admit(&mut out) {
         Ok(frame) => Ok((out, frame, credit)),

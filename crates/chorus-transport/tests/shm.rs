@@ -182,7 +182,8 @@ fn round_trip_every_size_both_ways_and_early_arrivals_are_held() {
 }
 
 /// `send_bytes_now` writes what needs no wait, and with the send window used up by a frame
-/// still queued it answers `None` having numbered nothing: the stream stays in sequence.
+/// still queued it answers `None` having numbered nothing: the raw peer's decoder, which
+/// checks every frame's sequence number, reads the stream in order.
 #[test]
 fn send_bytes_now_refuses_without_credit_and_numbers_nothing() {
     shared(async {
@@ -193,27 +194,38 @@ fn send_bytes_now_refuses_without_credit_and_numbers_nothing() {
         };
         let (t, _) = transport(Some(cfg));
         let mut l = listener(&t, 0).await;
-        let (a, b) = pair(&t, &mut l).await;
-        a.send_bytes_now(tag(1, 0), b"small").unwrap().unwrap();
-        assert_eq!(&b.recv(tag(1, 0)).await.unwrap()[..], b"small");
-        // Nobody reads: the ring fills, the rest is queued holding the whole window.
-        a.send(tag(2, 0), pattern(1 << 20, 2)).await.unwrap();
-        assert!(a.send_bytes_now(tag(3, 0), b"later").is_none());
-        assert!(b.recv(tag(2, 0)).await.unwrap() == pattern(1 << 20, 2));
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let chunk = |m: Option<Message>| match m {
+            Some(Message::Chunk(c)) => (c.header.op, c.payload),
+            other => panic!("expected a chunk, got {other:?}"),
+        };
+        link.send_bytes_now(tag(1, 0), b"small").unwrap().unwrap();
+        assert_eq!(
+            chunk(next_message(&mut raw, WAIT)),
+            (OpSeq(1), Bytes::from_static(b"small"))
+        );
+        // The raw end reads nothing: the ring fills, the rest is queued holding the window.
+        link.send(tag(2, 0), pattern(1 << 20, 2)).await.unwrap();
+        assert!(link.send_bytes_now(tag(3, 0), b"later").is_none());
+        let (op, payload) = chunk(next_message(&mut raw, WAIT));
+        assert!(op == OpSeq(2) && payload == pattern(1 << 20, 2));
         // The credit comes back once the pump has written the frame.
         let deadline = Instant::now() + WAIT;
         let sent = loop {
-            if let Some(done) = a.send_bytes_now(tag(3, 0), b"later") {
+            if let Some(done) = link.send_bytes_now(tag(3, 0), b"later") {
                 break done;
             }
             assert!(Instant::now() < deadline, "the window never reopened");
             tokio::time::sleep(Duration::from_millis(1)).await;
         };
         sent.unwrap();
-        assert_eq!(&b.recv(tag(3, 0)).await.unwrap()[..], b"later");
-        a.cancel(CancelReason::new(CloseCode::NORMAL, "done"));
+        assert_eq!(
+            chunk(next_message(&mut raw, WAIT)),
+            (OpSeq(3), Bytes::from_static(b"later"))
+        );
+        link.cancel(CancelReason::new(CloseCode::NORMAL, "done"));
         assert!(matches!(
-            a.send_bytes_now(tag(4, 0), b"x"),
+            link.send_bytes_now(tag(4, 0), b"x"),
             Some(Err(LinkError::Cancelled(_)))
         ));
     });

@@ -373,19 +373,12 @@ impl Link<Bytes> for ShmLink {
 
     fn send_bytes_now(&self, tag: Tag, data: &[u8]) -> Option<Result<(), LinkError>> {
         let s = &*self.shared;
-        let credit = match s.matcher.try_acquire(data.len())? {
-            Ok(credit) => credit,
-            Err(e) => return Some(Err(e)),
-        };
-        let mut out = s.outbound.lock();
-        Some(match out.number_len(&s.matcher, &tag, data.len()) {
-            Ok(numbered) => self.write_or_queue(out, Outgoing::Data(numbered, data), credit),
-            Err(e) => {
-                drop(out);
-                s.matcher.release(credit);
-                Err(e)
-            }
-        })
+        let admitted = outbound::admit_now(&s.outbound, &s.matcher, data.len(), |out| {
+            out.number_len(&s.matcher, &tag, data.len())
+        })?;
+        Some(admitted.and_then(|(out, numbered, credit)| {
+            self.write_or_queue(out, Outgoing::Data(numbered, data), credit)
+        }))
     }
 
     fn recv(&self, tag: Tag) -> LinkFuture<'_, Bytes> {

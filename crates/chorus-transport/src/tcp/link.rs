@@ -211,19 +211,14 @@ impl TcpLink {
     /// `send_bytes_now`: `send_slice` when the credit is there at once.
     fn send_slice_now(&self, tag: Tag, data: &[u8]) -> Option<Result<(), LinkError>> {
         let matcher = &*self.matcher;
-        let credit = match matcher.try_acquire(data.len())? {
-            Ok(credit) => credit,
-            Err(e) => return Some(Err(e)),
-        };
-        let mut out = self.outbound.lock();
-        Some(match out.number_len(matcher, &tag, data.len()) {
-            Ok(numbered) => self.write_or_queue(out, numbered, data, credit),
-            Err(e) => {
-                drop(out);
-                matcher.release(credit);
-                Err(e)
-            }
-        })
+        let admitted = outbound::admit_now(&self.outbound, matcher, data.len(), |out| {
+            out.number_len(matcher, &tag, data.len())
+        })?;
+        Some(
+            admitted.and_then(|(out, numbered, credit)| {
+                self.write_or_queue(out, numbered, data, credit)
+            }),
+        )
     }
 
     /// Writes a numbered chunk of `data` to the socket if the stream is idle (no buffer is
