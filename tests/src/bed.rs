@@ -9,6 +9,10 @@
 //! a host at once. [`Bed::vanish`] silences the link *before* it kills, so the kernel's FIN
 //! for the dead sockets reaches nobody.
 //!
+//! A kernel without `sch_netem` still gets delay, jitter, loss and duplication:
+//! [`Bed::bad_network`] then builds the hosts on [`crate::wire`]'s userspace router
+//! instead of the bridge (each host's link a TUN device), where the same faults work.
+//!
 //! Ranks are `chorus-test-rank` with `CT_COMMANDS`/`CT_EVENTS` files (the launcher closes
 //! their stdin and shares their stdout); a slot is the rank's global first-epoch rank.
 //! Dropping the bed kills every process in every host and deletes every namespace (their
@@ -30,6 +34,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::clock::mono_ns;
 use crate::event::Event;
+use crate::wire::{Impairment, Router};
 
 /// The port node 0's launcher hosts the bootstrap root on (each bed has its own network).
 pub const MASTER_PORT: u16 = 29400;
@@ -77,10 +82,20 @@ struct Reports {
     log: Vec<Event>,
 }
 
+/// What joins the hosts' links.
+enum Fabric {
+    /// A bridge in a namespace of its own; each host's veth has its other end there.
+    Bridge(String),
+    /// [`crate::wire`]'s router in this process; each host's link is a TUN device.
+    Router(Router),
+    /// Not built yet, or already taken down.
+    None,
+}
+
 /// A running bed; see the module docs.
 pub struct Bed {
     id: String,
-    bridge: String,
+    fabric: Fabric,
     hosts: Vec<Host>,
     dir: PathBuf,
     slots: Vec<Reports>,
@@ -91,8 +106,94 @@ pub struct Bed {
 }
 
 impl Bed {
-    /// Builds `n` hosts; `Err` says why it cannot (the caller skips).
+    /// Builds `n` hosts on a bridge; `Err` says why it cannot (the caller skips).
     pub fn new(n: usize) -> Result<Bed, String> {
+        let mut bed = Bed::empty()?;
+        let br = format!("{}-br", bed.id);
+        // From here on Drop removes whatever was made, whatever fails next.
+        run("ip", &["netns", "add", &br])?;
+        bed.fabric = Fabric::Bridge(br.clone());
+        run("ip", &["-n", &br, "link", "add", "br0", "type", "bridge"])?;
+        run("ip", &["-n", &br, "link", "set", "br0", "up"])?;
+        for i in 0..n {
+            let h = bed.add_host(i)?;
+            // A fixed address per host, so that [`Bed::pin_neighbours`] needs no lookup.
+            let mac = host_mac(i);
+            let peer = [
+                "link", "add", &h.veth, "address", &mac, "type", "veth", "peer", "name", &h.port,
+            ];
+            run("ip", &peer)?;
+            run("ip", &["link", "set", &h.veth, "netns", &h.ns])?;
+            run("ip", &["link", "set", &h.port, "netns", &br])?;
+            run("ip", &["-n", &br, "link", "set", &h.port, "master", "br0"])?;
+            run("ip", &["-n", &br, "link", "set", &h.port, "up"])?;
+            address(h)?;
+        }
+        Ok(bed)
+    }
+
+    /// Builds `n` hosts joined by [`crate::wire`]'s userspace router, every host's link
+    /// already impaired by `spec` (netem's words, [`Impairment::parse`]).
+    pub fn on_router(n: usize, spec: &[&str]) -> Result<Bed, String> {
+        let imp = Impairment::parse(spec)?;
+        let mut bed = Bed::empty()?;
+        let mut devices = Vec::new();
+        // Until the router owns them, the devices close (and vanish) with `devices`; the
+        // namespaces are the bed's from `add_host` on.
+        for i in 0..n {
+            let h = bed.add_host(i)?;
+            let path = Path::new("/run/netns").join(&h.ns);
+            let dev = crate::wire::open_tun(&path, &h.veth)
+                .map_err(|e| format!("cannot make TUN device {} in {}: {e}", h.veth, h.ns))?;
+            devices.push(dev);
+            address(h)?;
+        }
+        let seed = u64::from(std::process::id()) << 16 | u64::from(BEDS.load(Ordering::Relaxed));
+        let router =
+            Router::start(devices, seed).map_err(|e| format!("cannot start the router: {e}"))?;
+        for i in 0..n {
+            router.impair(i, imp);
+        }
+        bed.fabric = Fabric::Router(router);
+        Ok(bed)
+    }
+
+    /// `n` hosts with `spec` (netem's words) on every link: `tc netem` on a bridge where
+    /// the kernel has it, else [`Bed::on_router`]. Also says which it is, for the report.
+    pub fn bad_network(n: usize, spec: &[&str]) -> Result<(Bed, String), String> {
+        let bed = Bed::new(n)?;
+        match (0..n).find_map(|i| bed.netem(i, spec).err()) {
+            None => Ok((bed, format!("tc netem {}", spec.join(" ")))),
+            Some(why) => {
+                drop(bed);
+                let bed = Bed::on_router(n, spec)?;
+                let how = format!(
+                    "the bed's userspace router with {} (no tc netem here: {why})",
+                    spec.join(" ")
+                );
+                Ok((bed, how))
+            }
+        }
+    }
+
+    /// Host `i`'s namespace, named and made, its loopback up; its link is the caller's.
+    fn add_host(&mut self, i: usize) -> Result<&Host, String> {
+        let host = Host {
+            ns: format!("{}-h{i}", self.id),
+            veth: format!("{}h{i}", self.id),
+            port: format!("{}b{i}", self.id),
+            addr: Ipv4Addr::new(10, 77, 0, i as u8 + 1),
+            launcher: None,
+        };
+        run("ip", &["netns", "add", &host.ns])?;
+        self.hosts.push(host);
+        let h = &self.hosts[i];
+        run("ip", &["-n", &h.ns, "link", "set", "lo", "up"])?;
+        Ok(h)
+    }
+
+    /// A bed with no hosts and no fabric yet, once the tools it needs are found.
+    fn empty() -> Result<Bed, String> {
         // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
             return Err("needs root (network namespaces)".into());
@@ -116,48 +217,16 @@ impl Bed {
         let dir = std::env::temp_dir().join(format!("chorus-bed-{id}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {dir:?}: {e}"))?;
-        let mut bed = Bed {
-            bridge: format!("{id}-br"),
+        Ok(Bed {
             id,
+            fabric: Fabric::None,
             hosts: Vec::new(),
             dir,
             slots: Vec::new(),
             per_node: 0,
             extra: Vec::new(),
             _serial: guard,
-        };
-        // From here on Drop removes whatever was made, whatever fails next.
-        run("ip", &["netns", "add", &bed.bridge])?;
-        let br = bed.bridge.clone();
-        run("ip", &["-n", &br, "link", "add", "br0", "type", "bridge"])?;
-        run("ip", &["-n", &br, "link", "set", "br0", "up"])?;
-        for i in 0..n {
-            let host = Host {
-                ns: format!("{}-h{i}", bed.id),
-                veth: format!("{}h{i}", bed.id),
-                port: format!("{}b{i}", bed.id),
-                addr: Ipv4Addr::new(10, 77, 0, i as u8 + 1),
-                launcher: None,
-            };
-            run("ip", &["netns", "add", &host.ns])?;
-            bed.hosts.push(host);
-            let h = &bed.hosts[i];
-            // A fixed address per host, so that [`Bed::pin_neighbours`] needs no lookup.
-            let mac = host_mac(i);
-            let peer = [
-                "link", "add", &h.veth, "address", &mac, "type", "veth", "peer", "name", &h.port,
-            ];
-            run("ip", &peer)?;
-            run("ip", &["link", "set", &h.veth, "netns", &h.ns])?;
-            run("ip", &["link", "set", &h.port, "netns", &br])?;
-            run("ip", &["-n", &br, "link", "set", &h.port, "master", "br0"])?;
-            run("ip", &["-n", &br, "link", "set", &h.port, "up"])?;
-            let cidr = format!("{}/24", h.addr);
-            run("ip", &["-n", &h.ns, "addr", "add", &cidr, "dev", &h.veth])?;
-            run("ip", &["-n", &h.ns, "link", "set", &h.veth, "up"])?;
-            run("ip", &["-n", &h.ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(bed)
+        })
     }
 
     /// Pins every host's neighbour entries for the others (static ARP), so a cut that
@@ -167,6 +236,9 @@ impl Bed {
     /// for the network, whatever the program above it does (measured on this bed: 10 ms
     /// pinned, 90 to 860 ms not, by the phase of the cut against the ARP timer).
     pub fn pin_neighbours(&self) -> Result<(), String> {
+        if matches!(self.fabric, Fabric::Router(_)) {
+            return Ok(()); // a TUN device has no neighbours to resolve
+        }
         for (i, h) in self.hosts.iter().enumerate() {
             for (j, other) in self.hosts.iter().enumerate() {
                 if i == j {
@@ -190,6 +262,11 @@ impl Bed {
             }
         }
         Ok(())
+    }
+
+    /// Host `i`'s network namespace, as a path [`crate::wire::in_namespace`] takes.
+    pub fn ns_path(&self, i: usize) -> PathBuf {
+        Path::new("/run/netns").join(&self.hosts[i].ns)
     }
 
     /// Host `i`'s address.
@@ -418,27 +495,29 @@ impl Bed {
     // ---------------------------------------------------------------------------------
     // Faults
 
-    /// Cuts host `i` off at the bridge: its packets and those to it vanish, no error.
+    /// Cuts host `i` off at the bridge (or the router): its packets and those to it
+    /// vanish, no error.
     pub fn cut(&self, i: usize) -> Result<(), String> {
-        run(
-            "ip",
-            &[
-                "-n",
-                &self.bridge,
-                "link",
-                "set",
-                &self.hosts[i].port,
-                "down",
-            ],
-        )
+        self.set_port(i, false)
     }
 
     /// Undoes [`Bed::cut`].
     pub fn heal(&self, i: usize) -> Result<(), String> {
-        run(
-            "ip",
-            &["-n", &self.bridge, "link", "set", &self.hosts[i].port, "up"],
-        )
+        self.set_port(i, true)
+    }
+
+    fn set_port(&self, i: usize, up: bool) -> Result<(), String> {
+        match &self.fabric {
+            Fabric::Bridge(br) => {
+                let state = if up { "up" } else { "down" };
+                run("ip", &["-n", br, "link", "set", &self.hosts[i].port, state])
+            }
+            Fabric::Router(router) => {
+                router.cut(i, !up);
+                Ok(())
+            }
+            Fabric::None => Err("the bed has no fabric".into()),
+        }
     }
 
     /// Takes host `i`'s own link down (the host sees its interface go).
@@ -455,7 +534,13 @@ impl Bed {
         let at = mono_ns();
         self.signal_host(i, libc::SIGKILL);
         let h = &self.hosts[i];
-        run("ip", &["-n", &h.ns, "link", "del", &h.veth])?;
+        if matches!(self.fabric, Fabric::Router(_)) {
+            // A TUN device goes with its descriptor, which the router holds; the cut
+            // stays, so the host is as gone.
+            run("ip", &["-n", &h.ns, "link", "set", &h.veth, "down"])?;
+        } else {
+            run("ip", &["-n", &h.ns, "link", "del", &h.veth])?;
+        }
         if let Some(mut child) = self.hosts[i].launcher.take() {
             reap(&mut child, Duration::from_secs(5));
         }
@@ -489,10 +574,19 @@ impl Bed {
     }
 
     /// `tc netem` on both ends of host `i`'s link (`["delay", "20ms", "5ms", "loss", "1%"]`):
-    /// traffic from and to the host. `Err` if the kernel has no netem (the caller skips).
+    /// traffic from and to the host. On a bridge, `Err` if the kernel has no netem (see
+    /// [`Bed::bad_network`]); on the router, the router's own impairment.
     pub fn netem(&self, i: usize, spec: &[&str]) -> Result<(), String> {
         let h = &self.hosts[i];
-        for (ns, dev) in [(&h.ns, &h.veth), (&self.bridge, &h.port)] {
+        let br = match &self.fabric {
+            Fabric::Bridge(br) => br,
+            Fabric::Router(router) => {
+                router.impair(i, Impairment::parse(spec)?);
+                return Ok(());
+            }
+            Fabric::None => return Err("the bed has no fabric".into()),
+        };
+        for (ns, dev) in [(&h.ns, &h.veth), (br, &h.port)] {
             let mut args = vec!["-n", ns.as_str(), "qdisc", "replace", "dev", dev.as_str()];
             args.extend(["root", "netem"]);
             args.extend_from_slice(spec);
@@ -561,12 +655,12 @@ impl Drop for Bed {
         for mut child in std::mem::take(&mut self.extra) {
             reap(&mut child, Duration::from_secs(5));
         }
-        for ns in self
-            .hosts
-            .iter()
-            .map(|h| h.ns.clone())
-            .chain([self.bridge.clone()])
-        {
+        // The router's devices close with it, before their namespaces go.
+        let bridge = match std::mem::replace(&mut self.fabric, Fabric::None) {
+            Fabric::Bridge(br) => Some(br),
+            Fabric::Router(_) | Fabric::None => None,
+        };
+        for ns in self.hosts.iter().map(|h| h.ns.clone()).chain(bridge) {
             if let Err(e) = run("ip", &["netns", "del", &ns]) {
                 eprintln!("cannot delete network namespace {ns}: {e}");
             }
@@ -617,6 +711,13 @@ pub fn chorus_bin() -> Result<PathBuf, String> {
 /// Host `i`'s link-layer address: locally administered, unique in the bed.
 fn host_mac(i: usize) -> String {
     format!("02:77:00:00:{:02x}:{:02x}", (i >> 8) & 0xff, i & 0xff)
+}
+
+/// Gives host `h` its address on its link and brings the link up.
+fn address(h: &Host) -> Result<(), String> {
+    let cidr = format!("{}/24", h.addr);
+    run("ip", &["-n", &h.ns, "addr", "add", &cidr, "dev", &h.veth])?;
+    run("ip", &["-n", &h.ns, "link", "set", &h.veth, "up"])
 }
 
 fn run(program: &str, args: &[&str]) -> Result<(), String> {

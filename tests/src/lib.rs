@@ -12,7 +12,8 @@
 //! - [`netns`]: a network namespace of the caller's own with an nftables cut, and [`cut`]:
 //!   the run that silences one rank inside it (the partitioned-minority test and figures).
 //! - [`bed`]: hosts as network namespaces on a bridge, one node launcher each, and the
-//!   faults a cluster has (cut, vanish, freeze, netem, one-way drop).
+//!   faults a cluster has (cut, vanish, freeze, netem, one-way drop); [`wire`]: the
+//!   userspace router it stands on instead where the kernel has no `sch_netem`.
 //! - [`clock`]: the host-wide monotonic clock the ranks report in.
 //! - [`stats`]: percentiles for the figures.
 
@@ -28,6 +29,7 @@ pub mod netns;
 pub mod probe;
 pub mod reap;
 pub mod stats;
+pub mod wire;
 
 pub use event::Event;
 pub use job::{Job, JobSpec, Slot};

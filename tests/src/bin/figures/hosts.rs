@@ -5,7 +5,7 @@
 //! sides), and one-way loss (every rank, and the end of the agreement); and, for a healed
 //! partition, from the heal to each minority rank's shrink failing `evicted`. Then the bad
 //! network: 20 ms ± 5 ms delay and 1 % loss on every link (`tc netem`; without it, the
-//! clean network, said so) and an all-reduce loop of `--loop-minutes` (default 5) at the
+//! bed's userspace router, `chorus_tests::wire`) and an all-reduce loop of `--loop-minutes` (default 5) at the
 //! default heartbeat and deadline, counting false deaths. Needs root, `ip`, `nft`,
 //! `unshare` and the `chorus` binary beside this one (`cargo build -p chorus-cli`).
 //!
@@ -315,14 +315,13 @@ fn failed_after(bed: &mut Bed, slot: usize, at: u64, peers: &[u64]) -> f64 {
 /// Scenario 5's long run: netem on every link, the default liveness settings, and an
 /// all-reduce loop that must see no failure at all.
 fn bad_network_loop(args: &Args) {
-    let Ok(mut bed) = Bed::new(3) else {
-        eprintln!("chorus-figures: no host bed for the bad-network loop");
-        return;
-    };
     let spec = ["delay", "20ms", "5ms", "loss", "1%"];
-    let network = match (0..3).find_map(|i| bed.netem(i, &spec).err()) {
-        None => "20 ms +- 5 ms delay and 1 % loss on every link".to_owned(),
-        Some(why) => format!("a clean network (no netem: {why})"),
+    let (mut bed, network) = match Bed::bad_network(3, &spec) {
+        Ok(b) => b,
+        Err(why) => {
+            eprintln!("chorus-figures: no host bed for the bad-network loop: {why}");
+            return;
+        }
     };
     let job = BedJob {
         per_node: 2,
