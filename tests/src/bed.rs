@@ -264,6 +264,14 @@ impl Bed {
         Ok(())
     }
 
+    /// What the router has carried and dropped so far (`None` on a bridge).
+    pub fn router_counts(&self) -> Option<crate::wire::Counts> {
+        match &self.fabric {
+            Fabric::Router(r) => Some(r.counts()),
+            Fabric::Bridge(_) | Fabric::None => None,
+        }
+    }
+
     /// Host `i`'s network namespace, as a path [`crate::wire::in_namespace`] takes.
     pub fn ns_path(&self, i: usize) -> PathBuf {
         Path::new("/run/netns").join(&self.hosts[i].ns)

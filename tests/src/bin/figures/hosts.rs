@@ -359,6 +359,16 @@ fn bad_network_loop(args: &Args) {
         .map(|e| e.str("detail").unwrap_or("").to_owned())
         .collect();
     let false_deaths = failures.len();
+    if let Some(c) = bed.router_counts() {
+        let seen = (c.delivered + c.dropped).max(1);
+        println!(
+            "router: {} packets delivered, {} dropped ({:.2} %), {} refused (not IPv4 between hosts)",
+            c.delivered,
+            c.dropped,
+            100.0 * c.dropped as f64 / seen as f64,
+            c.refused
+        );
+    }
     for f in &failures {
         eprintln!("chorus-figures: false death: {f}");
     }
