@@ -13,6 +13,7 @@
 //! cargo build -p chorus-cli -p chorus-tests --bins
 //! target/debug/chorus-figures hosts [--repeats 20] [--heartbeat 100ms] [--deadline 2s]
 //!                                   [--loop-minutes 5] [--only heal] [--pin-neighbours]
+//!                                   [--bad-network]
 //! ```
 
 use std::collections::BTreeSet;
@@ -51,7 +52,14 @@ pub(crate) struct Args {
     /// cut carries packets at once instead of after the next ARP request (0 to 1 s).
     #[arg(long)]
     pin_neighbours: bool,
+    /// Run the detection scenarios on the bad network too (`BAD_NETWORK` on every link),
+    /// to set beside the simulator's bad-network column.
+    #[arg(long)]
+    bad_network: bool,
 }
+
+/// Scenario 5's impairment, netem's words: on every host's link.
+const BAD_NETWORK: [&str; 5] = ["delay", "20ms", "5ms", "loss", "1%"];
 
 /// `--loop-minutes`: zero or more, under a day.
 fn minutes(s: &str) -> Result<f64, String> {
@@ -120,9 +128,14 @@ pub(crate) fn main(args: Args) {
         rows.extend(these);
     }
     println!(
-        "3 namespace hosts x 2 ranks, heartbeat {} / deadline {}, neighbours {}, {} runs per \
+        "3 namespace hosts x 2 ranks{}, heartbeat {} / deadline {}, neighbours {}, {} runs per \
          scenario, {} runs failed (a false death before the fault, or a rank off script), \
          {:.0} s\n",
+        if args.bad_network {
+            format!(" on a bad network ({})", BAD_NETWORK.join(" "))
+        } else {
+            String::new()
+        },
         args.heartbeat,
         args.deadline,
         if args.pin_neighbours {
@@ -236,7 +249,12 @@ impl Scenario {
 /// A looping bed of 3 hosts × 2 ranks with `env` (and `host_env` on one host), or `None`
 /// when it cannot be built.
 fn start(args: &Args, env: &[(&str, &str)], host_env: Vec<(usize, String, String)>) -> Option<Bed> {
-    let mut bed = match Bed::new(3) {
+    let bed = if args.bad_network {
+        Bed::bad_network(3, &BAD_NETWORK).map(|(bed, _)| bed)
+    } else {
+        Bed::new(3)
+    };
+    let mut bed = match bed {
         Ok(b) => b,
         Err(why) => {
             eprintln!("chorus-figures: no host bed here: {why}");
@@ -315,8 +333,7 @@ fn failed_after(bed: &mut Bed, slot: usize, at: u64, peers: &[u64]) -> f64 {
 /// Scenario 5's long run: netem on every link, the default liveness settings, and an
 /// all-reduce loop that must see no failure at all.
 fn bad_network_loop(args: &Args) {
-    let spec = ["delay", "20ms", "5ms", "loss", "1%"];
-    let (mut bed, network) = match Bed::bad_network(3, &spec) {
+    let (mut bed, network) = match Bed::bad_network(3, &BAD_NETWORK) {
         Ok(b) => b,
         Err(why) => {
             eprintln!("chorus-figures: no host bed for the bad-network loop: {why}");
