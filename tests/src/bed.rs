@@ -116,7 +116,8 @@ impl Bed {
         run("ip", &["-n", &br, "link", "add", "br0", "type", "bridge"])?;
         run("ip", &["-n", &br, "link", "set", "br0", "up"])?;
         for i in 0..n {
-            let h = bed.add_host(i)?;
+            bed.add_host(i)?;
+            let h = &bed.hosts[i];
             // A fixed address per host, so that [`Bed::pin_neighbours`] needs no lookup.
             let mac = host_mac(i);
             let peer = [
@@ -141,9 +142,9 @@ impl Bed {
         // Until the router owns them, the devices close (and vanish) with `devices`; the
         // namespaces are the bed's from `add_host` on.
         for i in 0..n {
-            let h = bed.add_host(i)?;
-            let path = Path::new("/run/netns").join(&h.ns);
-            let dev = crate::wire::open_tun(&path, &h.veth)
+            bed.add_host(i)?;
+            let h = &bed.hosts[i];
+            let dev = crate::wire::open_tun(&bed.ns_path(i), &h.veth)
                 .map_err(|e| format!("cannot make TUN device {} in {}: {e}", h.veth, h.ns))?;
             devices.push(dev);
             address(h)?;
@@ -177,7 +178,7 @@ impl Bed {
     }
 
     /// Host `i`'s namespace, named and made, its loopback up; its link is the caller's.
-    fn add_host(&mut self, i: usize) -> Result<&Host, String> {
+    fn add_host(&mut self, i: usize) -> Result<(), String> {
         let host = Host {
             ns: format!("{}-h{i}", self.id),
             veth: format!("{}h{i}", self.id),
@@ -187,9 +188,7 @@ impl Bed {
         };
         run("ip", &["netns", "add", &host.ns])?;
         self.hosts.push(host);
-        let h = &self.hosts[i];
-        run("ip", &["-n", &h.ns, "link", "set", "lo", "up"])?;
-        Ok(h)
+        run("ip", &["-n", &self.hosts[i].ns, "link", "set", "lo", "up"])
     }
 
     /// A bed with no hosts and no fabric yet, once the tools it needs are found.

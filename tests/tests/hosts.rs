@@ -547,7 +547,16 @@ fn the_router_bed_delays_cuts_and_heals() {
         .set_read_timeout(Some(Duration::from_millis(400)))
         .unwrap();
     let stop = AtomicBool::new(false);
+    /// Stops the echo server however the scope ends: a failed assertion inside it would
+    /// otherwise leave the scope waiting on the server for ever.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|s| {
+        let _stop = Stop(&stop);
         s.spawn(|| {
             let mut buf = [0u8; 64];
             while !stop.load(Ordering::Relaxed) {
@@ -581,7 +590,6 @@ fn the_router_bed_delays_cuts_and_heals() {
         assert_eq!(echo(100), None, "a cut host answers nothing");
         bed.heal(1).unwrap();
         assert!(echo(101).is_some(), "healed");
-        stop.store(true, Ordering::Relaxed);
     });
     let names: Vec<PathBuf> = (0..2).map(|i| bed.ns_path(i)).collect();
     drop(bed);
