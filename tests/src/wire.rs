@@ -10,7 +10,7 @@
 //!   pass netem on the sender's veth and then on the receiver's bridge port; a cut of either
 //!   host drops it. Seeded, so a test of it is exact.
 //! - [`Router`] reads each TUN device, asks the model, holds delayed copies in a time
-//!   heap and writes each to its destination's device when it is due. It stops, and its
+//!   heap (at most [`HELD`] packets) and writes each to its destination's device when it is due. It stops, and its
 //!   devices go with their descriptors, when it is dropped.
 //!
 //! Jitter is uniform in `delay ± jitter` and reorders packets, as netem's does when no rate
@@ -177,7 +177,7 @@ impl Model {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
     pub delivered: u64,
-    /// Lost to an impairment or a cut.
+    /// Lost to an impairment, a cut, or the router's limit ([`HELD`]).
     pub dropped: u64,
     /// Not IPv4 to a bed address, or the destination would not take it.
     pub refused: u64,
@@ -200,6 +200,11 @@ const NET: [u8; 3] = [10, 77, 0];
 
 /// How long the router sleeps at most between looks at its stop flag.
 const TICK: Duration = Duration::from_millis(10);
+
+/// Packets the router holds at most, over all links (netem's `limit`, 1000 per link by
+/// default): past it a packet is dropped, so a flood cannot grow the router without end.
+/// 10 000 full packets are 15 MB, far above what the bed's jobs keep in flight.
+const HELD: usize = 10_000;
 
 impl Router {
     /// Starts routing between `devices` (host `i`'s TUN device is `devices[i]`).
@@ -338,7 +343,8 @@ fn route_loop(shared: &Shared, devices: &[OwnedFd]) {
                     shared.counts.lock().refused += 1;
                     continue;
                 };
-                let times = shared.model.lock().route(from, to, Instant::now());
+                let mut times = shared.model.lock().route(from, to, Instant::now());
+                times.truncate(HELD.saturating_sub(heap.len()));
                 if times.is_empty() {
                     shared.counts.lock().dropped += 1;
                 }
