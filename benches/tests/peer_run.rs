@@ -131,7 +131,8 @@ fn a_chorus_document_adds_its_column_ratios_and_targets() {
     );
     assert_eq!(
         fs::read_to_string(&args_file).unwrap().trim(),
-        "bench all-reduce -n 2 -b 8 -e 64K -f 8 -w 5 -i 20 --transport tcp --json"
+        // 8 B … 64 KiB: every size makes the small sizes' 25 times the calls
+        "bench all-reduce -n 2 -b 8 -e 64K -f 8 -w 125 -i 500 --transport tcp --json"
     );
     let md = fs::read_to_string(dir.join("out/report.md")).unwrap();
     assert!(

@@ -57,6 +57,11 @@ struct Args {
     /// Override the timed calls per size.
     #[arg(short = 'i', long)]
     iters: Option<u32>,
+    /// The same calls at every size, nccl-tests' way. Without it the full sweep makes 25
+    /// times as many (warm-up and timed) up to 1 MiB, where 20 calls last well under a
+    /// millisecond and one scheduling hiccup moves a figure by several times.
+    #[arg(long)]
+    flat: bool,
     /// The chorus binary (`chorus bench all-reduce … --json`).
     #[arg(long, default_value = "target/release/chorus")]
     chorus: PathBuf,
@@ -130,7 +135,8 @@ fn run(args: Args) -> Result<ExitCode, PeerError> {
         args.factor.unwrap_or(base.factor()),
         args.warmup.unwrap_or(base.warmup()),
         args.iters.unwrap_or(base.iters()),
-    )?;
+    )?
+    .scaled(base.is_scaled() && !args.flat);
     if args.ranks.is_empty() || args.ranks.iter().any(|&n| !(2..=64).contains(&n)) {
         return Err(PeerError::BadSweep(
             "rank counts must be between 2 and 64".to_owned(),
@@ -194,6 +200,7 @@ fn run(args: Args) -> Result<ExitCode, PeerError> {
         factor: sweep.factor(),
         warmup: sweep.warmup(),
         iters: sweep.iters(),
+        scaled: sweep.is_scaled(),
         rounds: plan.rounds,
         ranks: plan.ranks.clone(),
         systems: plan.systems.clone(),

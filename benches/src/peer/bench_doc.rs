@@ -94,6 +94,36 @@ impl BenchDoc {
         Ok(doc)
     }
 
+    /// Appends the rows of `next`, the document of the next leg of the same sweep (see
+    /// [`crate::peer::sweep::Sweep::legs`]), refusing one that is not the same system's
+    /// run or whose sizes do not come after this one's. `warmup` and `iters` stay the first
+    /// leg's; the average bus bandwidth becomes the mean over both, weighted by rows.
+    pub fn extend(&mut self, next: BenchDoc) -> Result<(), PeerError> {
+        let bad = |why: String| Err(PeerError::BadDoc(why));
+        if (next.ranks, &next.transport, &next.library)
+            != (self.ranks, &self.transport, &self.library)
+        {
+            return bad(format!(
+                "a later leg is {} ranks over {} ({:?}), the first {} over {} ({:?})",
+                next.ranks, next.transport, next.library, self.ranks, self.transport, self.library
+            ));
+        }
+        let last = self.rows.last().map(|r| r.size);
+        if let (Some(last), Some(first)) = (last, next.rows.first().map(|r| r.size))
+            && first <= last
+        {
+            return bad(format!(
+                "a later leg starts at {first}, not after the earlier leg's {last}"
+            ));
+        }
+        let (a, b) = (self.rows.len() as f64, next.rows.len() as f64);
+        if a + b > 0.0 {
+            self.avg_busbw_gbs = (self.avg_busbw_gbs * a + next.avg_busbw_gbs * b) / (a + b);
+        }
+        self.rows.extend(next.rows);
+        Ok(())
+    }
+
     /// The checks a document must pass before its numbers are compared with anyone's.
     fn check(&self, ranks: u32) -> Result<(), PeerError> {
         let bad = |why: String| Err(PeerError::BadDoc(why));
@@ -206,6 +236,35 @@ mod tests {
         let doc = BenchDoc::from_stdout(gloo, 4).unwrap();
         assert_eq!(doc.rows[0].out_of_place, None);
         assert_eq!(doc.library.as_deref(), Some("torch 2.15.0 gloo"));
+    }
+
+    #[test]
+    fn legs_join_in_size_order_and_only_from_the_same_run() {
+        let doc = BenchDoc::from_stdout(CHORUS_SAMPLE, 2).unwrap();
+        let mut first = doc.clone();
+        first.rows.truncate(2);
+        first.avg_busbw_gbs = 0.1;
+        let mut second = doc.clone();
+        second.rows.drain(..2);
+        second.avg_busbw_gbs = 2.0;
+        second.iters = 999;
+        let mut joined = first.clone();
+        joined.extend(second.clone()).unwrap();
+        assert_eq!(joined.rows, doc.rows);
+        assert_eq!(joined.iters, doc.iters, "the first leg's calls are kept");
+        assert!((joined.avg_busbw_gbs - (0.1 * 2.0 + 2.0) / 3.0).abs() < 1e-12);
+        // Out of order: refused, naming both sizes.
+        let mut backwards = second.clone();
+        let err = backwards.extend(first.clone()).unwrap_err().to_string();
+        assert!(err.contains("8 B") && err.contains("8 MiB"), "{err}");
+        // Another transport or library: refused.
+        let mut other = second.clone();
+        other.transport = "shm".to_owned();
+        let mut base = first.clone();
+        assert!(base.extend(other).unwrap_err().to_string().contains("shm"));
+        let mut other = second;
+        other.library = Some("torch 2.15.0 gloo".to_owned());
+        assert!(first.clone().extend(other).is_err());
     }
 
     #[test]

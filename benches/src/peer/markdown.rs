@@ -3,8 +3,24 @@
 
 use std::fmt::Write as _;
 
+use crate::peer::record::Meta;
 use crate::peer::summary::{Cell, Stat, Summary, World};
+use crate::peer::sweep::{SMALL_CALLS, SMALL_UP_TO};
 use crate::peer::system::System;
+
+/// How many calls each size made: the same at every size, or more up to
+/// [`SMALL_UP_TO`].
+fn calls(m: &Meta) -> String {
+    let flat = format!("{} warm-up and {} timed calls", m.warmup, m.iters);
+    if !m.scaled {
+        return format!("{flat} per size");
+    }
+    format!(
+        "{} warm-up and {} timed calls per size up to {SMALL_UP_TO}, {flat} above",
+        m.warmup.saturating_mul(SMALL_CALLS),
+        m.iters.saturating_mul(SMALL_CALLS)
+    )
+}
 
 /// Renders the whole report.
 pub fn render(s: &Summary) -> String {
@@ -13,15 +29,14 @@ pub fn render(s: &Summary) -> String {
     let _ = writeln!(out, "# Peer comparison: all-reduce, float32 sum\n");
     let _ = writeln!(
         out,
-        "{} run{}: {} … {} in ×{} steps, {} warm-up and {} timed calls per size, {} round{} \
+        "{} run{}: {} … {} in ×{} steps, {}, {} round{} \
          (median shown), the systems interleaved in every round. Machine: {}, {} cores, Linux {}.\n",
         if m.quick { "Quick" } else { "Full" },
         if m.quick { " (`--quick`)" } else { "" },
         m.min,
         m.max,
         m.factor,
-        m.warmup,
-        m.iters,
+        calls(m),
         m.rounds,
         if m.rounds == 1 { "" } else { "s" },
         m.cpu,

@@ -26,6 +26,10 @@ pub struct Meta {
     pub factor: u32,
     pub warmup: u32,
     pub iters: u32,
+    /// Whether the sizes up to [`crate::peer::sweep::SMALL_UP_TO`] made
+    /// [`crate::peer::sweep::SMALL_CALLS`] times the calls (absent in older runs: no).
+    #[serde(default)]
+    pub scaled: bool,
     pub rounds: u32,
     pub ranks: Vec<u32>,
     /// The systems the run was asked to measure.
@@ -203,6 +207,7 @@ pub(crate) mod tests {
             factor: 8,
             warmup: 2,
             iters: 5,
+            scaled: false,
             rounds: 2,
             ranks: vec![2, 4],
             systems: System::ALL.to_vec(),

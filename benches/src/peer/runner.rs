@@ -183,56 +183,90 @@ impl Runner<'_> {
         serde_json::from_str(stdout.trim()).map_err(|e| format!("{name} printed no result ({e})"))
     }
 
-    /// One system's sweep at one rank count.
+    /// One system's sweep at one rank count: its legs run one after the other (see
+    /// [`Sweep::legs`]) under the case's one deadline, their rows joined into one document.
     fn case(
         &mut self,
         round: u32,
         ranks: u32,
         system: System,
     ) -> Result<(RunOutcome, Duration), PeerError> {
-        let limit = self.plan.case_limit;
-        let mut cmd = match self
-            .tools
-            .command(system, ranks, &self.plan.sweep, limit.as_secs())
-        {
-            Ok(cmd) => cmd,
-            Err(reason) => return Ok((RunOutcome::Unavailable { reason }, Duration::ZERO)),
-        };
-        let (out, err) = self.raw.log_paths(round, system.key(), ranks);
         let started = Instant::now();
+        let mut joined: Option<BenchDoc> = None;
+        for (i, leg) in self.plan.sweep.legs().iter().enumerate() {
+            let left = self.plan.case_limit.saturating_sub(started.elapsed());
+            let doc = match self.leg(round, ranks, system, leg, i, left)? {
+                Ok(doc) => doc,
+                Err(outcome) => return Ok((outcome, started.elapsed())),
+            };
+            match &mut joined {
+                None => joined = Some(doc),
+                Some(all) => {
+                    if let Err(e) = all.extend(doc) {
+                        let reason = e.to_string();
+                        return Ok((RunOutcome::Failed { reason }, started.elapsed()));
+                    }
+                }
+            }
+        }
+        let outcome = match joined {
+            Some(doc) => RunOutcome::Measured { doc },
+            None => RunOutcome::Failed {
+                reason: "the sweep has no sizes".to_owned(),
+            },
+        };
+        Ok((outcome, started.elapsed()))
+    }
+
+    /// One leg of a case, under `limit`: its document, or the outcome that ends the case.
+    fn leg(
+        &mut self,
+        round: u32,
+        ranks: u32,
+        system: System,
+        leg: &Sweep,
+        index: usize,
+        limit: Duration,
+    ) -> Result<Result<BenchDoc, RunOutcome>, PeerError> {
+        let mut cmd = match self.tools.command(system, ranks, leg, limit.as_secs()) {
+            Ok(cmd) => cmd,
+            Err(reason) => return Ok(Err(RunOutcome::Unavailable { reason })),
+        };
+        // The first leg's logs keep the names they always had.
+        let key = if index == 0 {
+            system.key().to_owned()
+        } else {
+            format!("{}-leg{}", system.key(), index + 1)
+        };
+        let (out, err) = self.raw.log_paths(round, &key, ranks);
         let outcome = match supervise(&mut cmd, &out, &err, limit) {
             Ok(outcome) => outcome,
             // The program could not be started at all (missing, not executable).
             Err(e) => {
-                return Ok((
-                    RunOutcome::Unavailable {
-                        reason: e.to_string(),
-                    },
-                    Duration::ZERO,
-                ));
+                return Ok(Err(RunOutcome::Unavailable {
+                    reason: e.to_string(),
+                }));
             }
         };
-        let result = if outcome.ending == Ending::Exited(0) {
-            let stdout = fs::read_to_string(&out).unwrap_or_default();
-            match BenchDoc::from_stdout(&stdout, ranks) {
-                Ok(doc) if doc.transport != system.transport() => RunOutcome::Failed {
-                    reason: format!(
-                        "document says transport {:?}, expected {:?}",
-                        doc.transport,
-                        system.transport()
-                    ),
-                },
-                Ok(doc) => RunOutcome::Measured { doc },
-                Err(e) => RunOutcome::Failed {
-                    reason: with_stderr(format!("exited 0, but {e}"), &err),
-                },
-            }
-        } else {
-            RunOutcome::Failed {
+        if outcome.ending != Ending::Exited(0) {
+            return Ok(Err(RunOutcome::Failed {
                 reason: failure_reason(&outcome, limit, &err),
-            }
-        };
-        Ok((result, started.elapsed()))
+            }));
+        }
+        let stdout = fs::read_to_string(&out).unwrap_or_default();
+        Ok(match BenchDoc::from_stdout(&stdout, ranks) {
+            Ok(doc) if doc.transport != system.transport() => Err(RunOutcome::Failed {
+                reason: format!(
+                    "document says transport {:?}, expected {:?}",
+                    doc.transport,
+                    system.transport()
+                ),
+            }),
+            Ok(doc) => Ok(doc),
+            Err(e) => Err(RunOutcome::Failed {
+                reason: with_stderr(format!("exited 0, but {e}"), &err),
+            }),
+        })
     }
 }
 
@@ -299,6 +333,7 @@ fn with_stderr(why: String, err: &PathBuf) -> String {
 mod tests {
     use super::*;
     use crate::peer::record::tests::{meta, temp_dir};
+    use crate::peer::sweep::Bytes;
     use crate::peer::system::OpenMpi;
 
     fn plan(systems: Vec<System>) -> Plan {
@@ -430,6 +465,56 @@ mod tests {
         assert!(
             matches!(&gloo.outcome, RunOutcome::Unavailable { reason } if reason == "torch is not installed")
         );
+    }
+
+    #[test]
+    fn a_scaled_sweep_runs_each_leg_and_joins_their_rows() {
+        // Prints a one-row document at the size it was given with -b, with the calls it
+        // was given with -i as the time, so the joined rows show which leg made which.
+        let script = r#"prev=; for a in "$@"; do [ "$prev" = "-b" ] && b=$a; [ "$prev" = "-i" ] && i=$a; prev=$a; done
+case $b in *M) s=$(( ${b%M} * 1048576 ));; *K) s=$(( ${b%K} * 1024 ));; *) s=$b;; esac
+printf '{"chorus_bench":1,"collective":"all-reduce","ranks":%s,"transport":"tcp","dtype":"float","op":"sum","warmup":1,"iters":%s,"rows":[{"size":%s,"count":%s,"type":"float","redop":"sum","root":-1,"out_of_place":null,"in_place":{"time_us":%s,"algbw_gbs":1.0,"busbw_gbs":1.0,"wrong":0}}],"avg_busbw_gbs":1.0}\n' "$2" "$i" "$s" $((s / 4)) "$i""#;
+        let dir = temp_dir("legs");
+        fs::create_dir_all(&dir).unwrap();
+        let raw = RawDir::new(dir.join("raw"));
+        raw.start(&meta()).unwrap();
+        let tools = tools_with_fake_mpirun(&dir, script);
+        let mut p = plan(vec![System::OpenMpiTcp]);
+        p.rounds = 1;
+        p.ranks = vec![2];
+        p.sweep = Sweep::new(Bytes(512 << 10), Bytes(2 << 20), 4, 1, 4)
+            .unwrap()
+            .scaled(true);
+        let limits = LimitTools {
+            memcpy: PathBuf::from("false"),
+            tcp: PathBuf::from("false"),
+        };
+        let mut progress = Vec::new();
+        Runner {
+            plan: &p,
+            tools: &tools,
+            limits: &limits,
+            raw: &raw,
+            progress: &mut progress,
+        }
+        .run()
+        .unwrap();
+        let (_, records) = raw.read().unwrap();
+        let logs = dir.join("raw").join("logs");
+        let second_leg_logged = logs.join("r1-openmpi-tcp-leg2-n2.out").is_file();
+        let _ = fs::remove_dir_all(&dir);
+        let run = runs(&records).into_iter().next().unwrap().clone();
+        let RunOutcome::Measured { doc } = run.outcome else {
+            panic!("{:?}", run.outcome);
+        };
+        let rows: Vec<(Bytes, f64)> = doc
+            .rows
+            .iter()
+            .map(|r| (r.size, r.in_place.unwrap().time_us))
+            .collect();
+        let small = f64::from(4 * crate::peer::sweep::SMALL_CALLS);
+        assert_eq!(rows, vec![(Bytes(512 << 10), small), (Bytes(2 << 20), 4.0)]);
+        assert!(second_leg_logged);
     }
 
     #[test]

@@ -10,8 +10,18 @@ const MIN_BYTES: u64 = 4;
 /// Past this a single buffer no longer fits the 2-core, 24 GiB machines comfortably at 4 ranks.
 const MAX_BYTES: u64 = 1 << 30;
 
+/// Up to this size a scaled sweep makes [`SMALL_CALLS`] times as many calls. 20 calls of
+/// 8 B take about 200 µs, so one scheduling hiccup on a 2-core machine moved a size's
+/// figure by 2–4× between rounds; 500 calls put it inside a few per cent, and above 1 MiB
+/// 20 calls already take milliseconds.
+pub const SMALL_UP_TO: Bytes = Bytes(1 << 20);
+/// The factor on the calls (warm-up and timed) of the sizes up to [`SMALL_UP_TO`].
+pub const SMALL_CALLS: u32 = 25;
+
 /// A validated sweep: sizes from `min` to `max` (both multiples of 4, `min <= max`), each
-/// `factor` times the last, with `warmup` untimed and `iters` timed calls per size.
+/// `factor` times the last, with `warmup` untimed and `iters` timed calls per size, and,
+/// when `scaled`, [`SMALL_CALLS`] times as many of both up to [`SMALL_UP_TO`] (as the OSU
+/// micro-benchmarks make more calls of small messages than of large ones).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sweep {
     min: Bytes,
@@ -19,11 +29,12 @@ pub struct Sweep {
     factor: u32,
     warmup: u32,
     iters: u32,
+    scaled: bool,
 }
 
 impl Sweep {
     /// The default run: 8 B to 128 MiB in ×4 steps, nccl-tests' 5 warm-up and 20 timed
-    /// calls. (×2 steps take half as long again, most of it at the largest sizes, which
+    /// calls, scaled up for the small sizes. (×2 steps take half as long again, most of it at the largest sizes, which
     /// would push three rounds of four systems past 15 minutes on a loaded 2-core machine;
     /// `-f 2` asks for them.)
     pub const FULL: Self = Self {
@@ -32,6 +43,7 @@ impl Sweep {
         factor: 4,
         warmup: 5,
         iters: 20,
+        scaled: true,
     };
 
     /// `--quick`: 8 B to 16 MiB in ×8 steps with fewer calls, so that three interleaved
@@ -42,9 +54,10 @@ impl Sweep {
         factor: 8,
         warmup: 2,
         iters: 5,
+        scaled: false,
     };
 
-    /// Checks and builds a sweep.
+    /// Checks and builds a sweep (not scaled: see [`Sweep::scaled`]).
     pub fn new(
         min: Bytes,
         max: Bytes,
@@ -71,7 +84,56 @@ impl Sweep {
             factor,
             warmup,
             iters,
+            scaled: false,
         })
+    }
+
+    /// This sweep with the small sizes' calls scaled up (`true`) or every size making the
+    /// same number of calls, nccl-tests' way (`false`).
+    pub fn scaled(self, scaled: bool) -> Self {
+        Self { scaled, ..self }
+    }
+
+    pub fn is_scaled(&self) -> bool {
+        self.scaled
+    }
+
+    /// The warm-up and timed calls at `size`.
+    pub fn calls(&self, size: Bytes) -> (u32, u32) {
+        if self.scaled && size <= SMALL_UP_TO {
+            (
+                self.warmup.saturating_mul(SMALL_CALLS),
+                self.iters.saturating_mul(SMALL_CALLS),
+            )
+        } else {
+            (self.warmup, self.iters)
+        }
+    }
+
+    /// The unscaled sweeps a program runs, in size order, one after the other: the sizes
+    /// that make the same number of calls go together, since every peer's program takes
+    /// one `-w`/`-i` for its whole sweep. One for an unscaled sweep.
+    pub fn legs(&self) -> Vec<Sweep> {
+        let mut legs: Vec<Sweep> = Vec::new();
+        for size in self.sizes() {
+            let (warmup, iters) = self.calls(size);
+            match legs.last_mut() {
+                Some(leg) if (leg.warmup, leg.iters) == (warmup, iters) => leg.max = size,
+                _ => legs.push(Sweep {
+                    min: size,
+                    max: size,
+                    factor: self.factor,
+                    warmup,
+                    iters,
+                    scaled: false,
+                }),
+            }
+        }
+        // The last leg ends where the sweep does, as asked (a max off the ladder included).
+        if let Some(last) = legs.last_mut() {
+            last.max = self.max;
+        }
+        legs
     }
 
     pub fn min(&self) -> Bytes {
@@ -175,6 +237,37 @@ mod tests {
         assert_eq!(sizes.first(), Some(&Bytes(8)));
         assert_eq!(sizes.last(), Some(&Bytes(16 << 20)));
         assert_eq!(sizes.len(), 8);
+    }
+
+    #[test]
+    fn a_scaled_sweep_runs_its_small_sizes_as_a_leg_of_more_calls() {
+        let legs = Sweep::FULL.legs();
+        assert_eq!(legs.len(), 2, "{legs:?}");
+        let (small, large) = (legs[0], legs[1]);
+        assert_eq!((small.min(), small.max()), (Bytes(8), Bytes(512 << 10)));
+        assert_eq!((small.warmup(), small.iters()), (125, 500));
+        assert_eq!(
+            (large.min(), large.max()),
+            (Bytes(2 << 20), Bytes(128 << 20))
+        );
+        assert_eq!((large.warmup(), large.iters()), (5, 20));
+        // Together the legs walk exactly the sweep's sizes, each with its own calls.
+        let walked: Vec<Bytes> = legs.iter().flat_map(Sweep::sizes).collect();
+        assert_eq!(walked, Sweep::FULL.sizes());
+        assert!(legs.iter().all(|l| !l.is_scaled() && l.legs() == vec![*l]));
+        assert_eq!(Sweep::FULL.calls(Bytes(1 << 20)), (125, 500));
+        assert_eq!(Sweep::FULL.calls(Bytes(2 << 20)), (5, 20));
+        // All small, all large, or unscaled: one leg, the sweep itself.
+        let small_only = Sweep::new(Bytes(8), Bytes(64), 2, 1, 2)
+            .unwrap()
+            .scaled(true);
+        assert_eq!(small_only.legs().len(), 1);
+        assert_eq!(small_only.legs()[0].iters(), 2 * SMALL_CALLS);
+        assert_eq!(Sweep::QUICK.legs(), vec![Sweep::QUICK]);
+        let off_ladder = Sweep::new(Bytes(8), Bytes(100), 4, 0, 1)
+            .unwrap()
+            .scaled(true);
+        assert_eq!(off_ladder.legs()[0].max(), Bytes(100));
     }
 
     #[test]
