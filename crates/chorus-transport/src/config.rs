@@ -222,6 +222,15 @@ impl Liveness {
     pub fn initial_rtt(&self) -> Duration {
         (self.heartbeat_interval / 4).clamp(Duration::from_millis(1), Duration::from_millis(333))
     }
+
+    /// How often a QUIC connect that no one has answered starts a fresh handshake: every
+    /// heartbeat interval (at least 10 ms). A member healed from a cut is then heard
+    /// within about one interval, as its heartbeats would be, rather than at the next of
+    /// a backed-off handshake's resends; on a path slower than that, an extra attempt or
+    /// two is all it costs.
+    pub fn hedge_every(&self) -> Duration {
+        self.heartbeat_interval.max(Duration::from_millis(10))
+    }
 }
 
 #[cfg(test)]

@@ -269,6 +269,139 @@ async fn a_connect_given_up_stops_sending() {
     assert_eq!(after, 0, "a given-up connect kept sending");
 }
 
+/// A connect opened into a cut is heard soon after the heal: every heartbeat interval it
+/// starts a fresh handshake, whose first resend comes after the short initial timeout,
+/// instead of waiting out the backed-off resends of the first one. One connection comes
+/// of it, whichever attempt won.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_into_a_cut_is_answered_soon_after_the_heal() {
+    // An idle timeout (deadline + interval) long past the cut, so no attempt expires.
+    let liveness = Liveness {
+        heartbeat_interval: Duration::from_millis(100),
+        deadline: Duration::from_secs(4),
+    };
+    let secret = fresh::job_secret();
+    let endpoint = |rank: u32| {
+        let id = Identity::generate().unwrap();
+        let ep = QuicEndpoint::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            &id,
+            secret.clone(),
+            config(),
+            liveness,
+            admit_all(Rank(rank)),
+        )
+        .unwrap();
+        Member { ep, id }
+    };
+    let (a, b) = (endpoint(1), endpoint(0));
+    let relay = Relay::start(b.ep.local_addr().unwrap()).await;
+    let started = Instant::now();
+    let connect = a.ep.connect(
+        relay.addr,
+        b.id.fingerprint(),
+        Role::Data,
+        route(1),
+        Rank(0),
+    );
+    let accept = b.ep.accept(WAIT);
+    const CUT: Duration = Duration::from_millis(1500);
+    let heal = async {
+        tokio::time::sleep(CUT).await;
+        let sent = relay.dropped();
+        relay.heal();
+        (Instant::now(), sent)
+    };
+    let (c, s, (healed, dropped)) = tokio::join!(connect, accept, heal);
+    let answered = healed.elapsed();
+    let (x, y) = (
+        c.unwrap().into_link().unwrap(),
+        s.unwrap().into_link().unwrap(),
+    );
+    // One handshake alone resends at 3 × the initial RTT (25 ms), doubling: 75, 225, 525,
+    // 1125 and 2325 ms in, so its answer would come 825 ms after this heal.
+    assert!(
+        answered < Duration::from_millis(500),
+        "answered {answered:?} after the heal ({:?} after the connect began)",
+        started.elapsed()
+    );
+    // About one fresh attempt per interval during the cut (a lone one sends five).
+    assert!(
+        dropped >= 10,
+        "only {dropped} datagrams were sent into the cut"
+    );
+    // The link works, and no second connection reached the acceptor.
+    let p = pattern(1000, 7);
+    let (sent, got) = tokio::join!(x.send(tag(1, 0), p.clone()), y.recv(tag(1, 0)));
+    sent.unwrap();
+    assert!(got.unwrap() == p);
+    assert!(b.ep.accept(Duration::from_millis(300)).await.is_err());
+}
+
+/// A UDP relay in front of one endpoint that drops everything, both ways, until healed.
+struct Relay {
+    addr: SocketAddr,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    dropped: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(to: SocketAddr) -> Relay {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let front = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let back = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = front.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(true));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (c, d) = (cut.clone(), dropped.clone());
+        let task = tokio::spawn(async move {
+            let (mut a, mut b) = ([0u8; 2048], [0u8; 2048]);
+            let mut client = None;
+            loop {
+                tokio::select! {
+                    r = front.recv_from(&mut a) => {
+                        let Ok((n, from)) = r else { return };
+                        client = Some(from);
+                        if c.load(Ordering::SeqCst) {
+                            d.fetch_add(1, Ordering::SeqCst);
+                        } else {
+                            let _ = back.send_to(&a[..n], to).await;
+                        }
+                    }
+                    r = back.recv_from(&mut b) => {
+                        let Ok((n, _)) = r else { return };
+                        if let (false, Some(client)) = (c.load(Ordering::SeqCst), client) {
+                            let _ = front.send_to(&b[..n], client).await;
+                        }
+                    }
+                }
+            }
+        });
+        Relay {
+            addr,
+            cut,
+            dropped,
+            task,
+        }
+    }
+
+    fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Datagrams from the client dropped so far.
+    fn dropped(&self) -> usize {
+        self.dropped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// How many datagrams reach `socket` within `within`.
 async fn datagrams(socket: &tokio::net::UdpSocket, within: Duration) -> usize {
     let until = tokio::time::Instant::now() + within;

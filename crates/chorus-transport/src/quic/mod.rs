@@ -10,6 +10,7 @@
 //! carries the spec's code as the QUIC application error code.
 
 mod control;
+mod hedge;
 mod link;
 mod pin;
 mod unclaimed;
@@ -139,15 +140,24 @@ impl QuicEndpoint {
         // rather than leaving it to retransmit on its own until `connect_timeout`.
         let task = Cancel(self.inner.progress.handle().spawn(async move {
             let client = inner.client_config(fingerprint)?;
-            let connecting = inner
-                .endpoint
-                .connect_with(client, addr, SERVER_NAME)
-                .map_err(|e| TransportError::Quic(e.to_string()))?;
+            // A fresh handshake every heartbeat interval while none has answered, so a
+            // connect opened into a cut is not left to its backed-off resends (hedge.rs).
+            let connecting = hedge::race(inner.liveness.hedge_every(), hedge::KEEP, || {
+                let attempt = inner
+                    .endpoint
+                    .connect_with(client.clone(), addr, SERVER_NAME)
+                    .map_err(|e| TransportError::Quic(e.to_string()))?;
+                Ok(async move {
+                    attempt
+                        .await
+                        .map_err(|e| TransportError::Quic(format!("connect {addr}: {e}")))
+                })
+            });
             let conn = match tokio::time::timeout(inner.cfg.connect_timeout, connecting).await {
                 // Unclaimed from here: cancelled during the `Hello` exchange, it closes
                 // with `deadline` (a refusal), never quinn's implicit `normal`.
                 Ok(Ok(c)) => Unclaimed::new(c),
-                Ok(Err(e)) => return Err(TransportError::Quic(format!("connect {addr}: {e}"))),
+                Ok(Err(e)) => return Err(e),
                 Err(_) => {
                     return Err(TransportError::ConnectTimeout {
                         addr,
