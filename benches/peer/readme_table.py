@@ -80,6 +80,18 @@ def latency(report):
     return "\n".join(lines)
 
 
+# peer-run's scaled sweep: this factor on the calls of every size up to SMALL_UP_TO bytes
+# (benches/src/peer/sweep.rs).
+SMALL_CALLS = 25
+SMALL_UP_TO = 1 << 20
+
+
+def calls(meta):
+    if not meta.get("scaled"):
+        return f"{meta['iters']} timed calls"
+    return f"{meta['iters'] * SMALL_CALLS} timed calls up to {size(SMALL_UP_TO)}, {meta['iters']} above"
+
+
 def provenance(report):
     meta, limits = report["meta"], report["limits"]
     when = datetime.datetime.fromtimestamp(meta["started_unix_s"], datetime.timezone.utc)
@@ -88,7 +100,7 @@ def provenance(report):
     return (
         f"<!-- run started {when:%Y-%m-%d %H:%M} UTC at chorus {versions.get('chorus', '?')}; "
         f"{meta['cpu']}, {meta['cores']} cores, Linux {meta['kernel']}; "
-        f"{'quick' if meta['quick'] else 'full'} sweep, {meta['iters']} timed calls, "
+        f"{'quick' if meta['quick'] else 'full'} sweep, {calls(meta)}, "
         f"{meta['rounds']} rounds; memcpy {memcpy['gbs']:.1f} GB/s ({size(memcpy['size'])}), "
         f"loopback TCP {limits['tcp']['stream_gbs']:.2f} GB/s -->"
     )
