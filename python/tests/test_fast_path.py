@@ -117,3 +117,63 @@ def test_a_destroyed_comm_raises_destroyed():
     c.destroy()
     with pytest.raises(chorus.Destroyed):
         c.all_reduce(np.zeros(4, np.float32))
+
+
+# --- torch CPU tensors: ``_buffers._tensor_fast`` ------------------------------------------
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+def test_the_tensor_fast_path_describes_a_tensor_as_the_general_path_does():
+    import torch
+
+    from chorus import _buffers
+
+    names = [n for n in _buffers._DTYPES if isinstance(getattr(torch, n, None), torch.dtype)]
+    assert {"float32", "bfloat16", "float16", "int64"} <= set(names)
+    for dtype_name in names:
+        t = torch.zeros(6, dtype=getattr(torch, dtype_name)).reshape(2, 3)
+        fast = _buffers._tensor_fast(torch, t)
+        assert fast is not None, dtype_name
+        assert fast == _buffers._tensor(t, "a"), dtype_name
+        assert _buffers.describe(t, "a", writable=True) == fast
+        assert fast.addr == t.data_ptr() and fast.keep is t
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+def test_the_tensor_fast_path_declines_what_the_general_path_decides():
+    import torch
+
+    from chorus import _buffers
+
+    class Sub(torch.Tensor):
+        pass
+
+    declined = {
+        "strided": torch.zeros(8)[::2],
+        "transposed": torch.zeros(3, 2).t(),
+        "complex": torch.zeros(4, dtype=torch.complex64),
+        "sparse": torch.zeros(4).to_sparse(),
+    }
+    for case, t in declined.items():
+        assert _buffers._tensor_fast(torch, t) is None, case
+    # The general path still names what is wrong with them.
+    with pytest.raises(ValueError, match=r"^a: expected a contiguous tensor"):
+        _buffers.describe(declined["strided"], "a", writable=True)
+    with pytest.raises(TypeError, match=r"^a: expected a tensor of .*complex64"):
+        _buffers.describe(declined["complex"], "a", writable=True)
+    # A subclass (nn.Parameter's shape) is not a plain tensor: the general path takes it.
+    sub = torch.zeros(4).as_subclass(Sub)
+    assert _buffers.describe(sub, "a", writable=True).addr == sub.data_ptr()
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+def test_comm_all_reduce_on_a_tensor_lands_in_its_memory(comm):
+    import torch
+
+    t = torch.arange(4, dtype=torch.float32)
+    ptr = t.data_ptr()
+    comm.all_reduce(t, op="max")
+    assert t.data_ptr() == ptr and t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    out = torch.empty(4)
+    comm.all_reduce(t, out=out)
+    assert out.tolist() == [0.0, 1.0, 2.0, 3.0]
