@@ -80,16 +80,13 @@ def latency(report):
     return "\n".join(lines)
 
 
-# peer-run's scaled sweep: this factor on the calls of every size up to SMALL_UP_TO bytes
-# (benches/src/peer/sweep.rs).
-SMALL_CALLS = 25
-SMALL_UP_TO = 1 << 20
-
-
 def calls(meta):
+    """The timed calls per size: the same at every size, or a scaled sweep's factor on them
+    up to a size, both as the report's meta records them."""
     if not meta.get("scaled"):
         return f"{meta['iters']} timed calls"
-    return f"{meta['iters'] * SMALL_CALLS} timed calls up to {size(SMALL_UP_TO)}, {meta['iters']} above"
+    small = meta["iters"] * meta["small_calls"]
+    return f"{small} timed calls up to {size(meta['small_up_to'])}, {meta['iters']} above"
 
 
 def provenance(report):

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chorus_benches::peer::record::{Meta, RawDir};
 use chorus_benches::peer::runner::{LimitTools, Plan, Runner};
 use chorus_benches::peer::session::{self, Ending};
-use chorus_benches::peer::sweep::{Bytes, Sweep};
+use chorus_benches::peer::sweep::{Bytes, SMALL_CALLS, SMALL_UP_TO, Sweep};
 use chorus_benches::peer::system::{OpenMpi, System, Tools};
 use chorus_benches::peer::{PeerError, markdown, report, stop};
 use clap::Parser;
@@ -201,6 +201,8 @@ fn run(args: Args) -> Result<ExitCode, PeerError> {
         warmup: sweep.warmup(),
         iters: sweep.iters(),
         scaled: sweep.is_scaled(),
+        small_calls: SMALL_CALLS,
+        small_up_to: SMALL_UP_TO,
         rounds: plan.rounds,
         ranks: plan.ranks.clone(),
         systems: plan.systems.clone(),

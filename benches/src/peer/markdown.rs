@@ -5,20 +5,19 @@ use std::fmt::Write as _;
 
 use crate::peer::record::Meta;
 use crate::peer::summary::{Cell, Stat, Summary, World};
-use crate::peer::sweep::{SMALL_CALLS, SMALL_UP_TO};
 use crate::peer::system::System;
 
-/// How many calls each size made: the same at every size, or more up to
-/// [`SMALL_UP_TO`].
+/// How many calls each size made: the same at every size, or more up to `small_up_to`.
 fn calls(m: &Meta) -> String {
     let flat = format!("{} warm-up and {} timed calls", m.warmup, m.iters);
     if !m.scaled {
         return format!("{flat} per size");
     }
     format!(
-        "{} warm-up and {} timed calls per size up to {SMALL_UP_TO}, {flat} above",
-        m.warmup.saturating_mul(SMALL_CALLS),
-        m.iters.saturating_mul(SMALL_CALLS)
+        "{} warm-up and {} timed calls per size up to {}, {flat} above",
+        m.warmup.saturating_mul(m.small_calls),
+        m.iters.saturating_mul(m.small_calls),
+        m.small_up_to
     )
 }
 

@@ -26,10 +26,17 @@ pub struct Meta {
     pub factor: u32,
     pub warmup: u32,
     pub iters: u32,
-    /// Whether the sizes up to [`crate::peer::sweep::SMALL_UP_TO`] made
-    /// [`crate::peer::sweep::SMALL_CALLS`] times the calls (absent in older runs: no).
+    /// Whether the sizes up to `small_up_to` made `small_calls` times the calls (absent in
+    /// older runs: no).
     #[serde(default)]
     pub scaled: bool,
+    /// A scaled sweep's factor on the calls ([`crate::peer::sweep::SMALL_CALLS`]), written
+    /// down so that readers of the report (`readme_table.py`) need not know it.
+    #[serde(default = "small_calls")]
+    pub small_calls: u32,
+    /// The largest size a scaled sweep gives more calls ([`crate::peer::sweep::SMALL_UP_TO`]).
+    #[serde(default = "small_up_to")]
+    pub small_up_to: Bytes,
     pub rounds: u32,
     pub ranks: Vec<u32>,
     /// The systems the run was asked to measure.
@@ -40,6 +47,14 @@ pub struct Meta {
     pub kernel: String,
     /// Open MPI's version, torch's, chorus's git revision: whatever could be read.
     pub versions: Vec<(String, String)>,
+}
+
+fn small_calls() -> u32 {
+    crate::peer::sweep::SMALL_CALLS
+}
+
+fn small_up_to() -> Bytes {
+    crate::peer::sweep::SMALL_UP_TO
 }
 
 fn all_systems() -> Vec<System> {
@@ -208,6 +223,8 @@ pub(crate) mod tests {
             warmup: 2,
             iters: 5,
             scaled: false,
+            small_calls: crate::peer::sweep::SMALL_CALLS,
+            small_up_to: crate::peer::sweep::SMALL_UP_TO,
             rounds: 2,
             ranks: vec![2, 4],
             systems: System::ALL.to_vec(),

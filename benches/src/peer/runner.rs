@@ -390,20 +390,26 @@ mod tests {
     }
 
     fn run_fake(name: &str, script: &str, limit: Duration) -> Vec<Record> {
+        let mut p = plan(vec![System::ChorusTcp, System::GlooTcp, System::OpenMpiTcp]);
+        p.case_limit = limit;
+        run_plan(name, script, &p).0
+    }
+
+    /// Runs `p` with the fake mpirun `script` and no limit programs; the records, and the
+    /// names of the log files the run wrote.
+    fn run_plan(name: &str, script: &str, p: &Plan) -> (Vec<Record>, Vec<String>) {
         let dir = temp_dir(name);
         fs::create_dir_all(&dir).unwrap();
         let raw = RawDir::new(dir.join("raw"));
         raw.start(&meta()).unwrap();
         let tools = tools_with_fake_mpirun(&dir, script);
-        let mut p = plan(vec![System::ChorusTcp, System::GlooTcp, System::OpenMpiTcp]);
-        p.case_limit = limit;
         let limits = LimitTools {
             memcpy: dir.join("no-memcpy"),
             tcp: PathBuf::from("false"),
         };
         let mut progress = Vec::new();
         Runner {
-            plan: &p,
+            plan: p,
             tools: &tools,
             limits: &limits,
             raw: &raw,
@@ -412,8 +418,14 @@ mod tests {
         .run()
         .unwrap();
         let (_, records) = raw.read().unwrap();
+        let logs = fs::read_dir(dir.join("raw").join("logs"))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
         let _ = fs::remove_dir_all(&dir);
-        records
+        (records, logs)
     }
 
     fn runs(records: &[Record]) -> Vec<&RunRecord> {
@@ -474,35 +486,14 @@ mod tests {
         let script = r#"prev=; for a in "$@"; do [ "$prev" = "-b" ] && b=$a; [ "$prev" = "-i" ] && i=$a; prev=$a; done
 case $b in *M) s=$(( ${b%M} * 1048576 ));; *K) s=$(( ${b%K} * 1024 ));; *) s=$b;; esac
 printf '{"chorus_bench":1,"collective":"all-reduce","ranks":%s,"transport":"tcp","dtype":"float","op":"sum","warmup":1,"iters":%s,"rows":[{"size":%s,"count":%s,"type":"float","redop":"sum","root":-1,"out_of_place":null,"in_place":{"time_us":%s,"algbw_gbs":1.0,"busbw_gbs":1.0,"wrong":0}}],"avg_busbw_gbs":1.0}\n' "$2" "$i" "$s" $((s / 4)) "$i""#;
-        let dir = temp_dir("legs");
-        fs::create_dir_all(&dir).unwrap();
-        let raw = RawDir::new(dir.join("raw"));
-        raw.start(&meta()).unwrap();
-        let tools = tools_with_fake_mpirun(&dir, script);
         let mut p = plan(vec![System::OpenMpiTcp]);
         p.rounds = 1;
         p.ranks = vec![2];
         p.sweep = Sweep::new(Bytes(512 << 10), Bytes(2 << 20), 4, 1, 4)
             .unwrap()
             .scaled(true);
-        let limits = LimitTools {
-            memcpy: PathBuf::from("false"),
-            tcp: PathBuf::from("false"),
-        };
-        let mut progress = Vec::new();
-        Runner {
-            plan: &p,
-            tools: &tools,
-            limits: &limits,
-            raw: &raw,
-            progress: &mut progress,
-        }
-        .run()
-        .unwrap();
-        let (_, records) = raw.read().unwrap();
-        let logs = dir.join("raw").join("logs");
-        let second_leg_logged = logs.join("r1-openmpi-tcp-leg2-n2.out").is_file();
-        let _ = fs::remove_dir_all(&dir);
+        let (records, logs) = run_plan("legs", script, &p);
+        let second_leg_logged = logs.iter().any(|l| l == "r1-openmpi-tcp-leg2-n2.out");
         let run = runs(&records).into_iter().next().unwrap().clone();
         let RunOutcome::Measured { doc } = run.outcome else {
             panic!("{:?}", run.outcome);
@@ -586,33 +577,13 @@ printf '{"chorus_bench":1,"collective":"all-reduce","ranks":%s,"transport":"tcp"
 
     #[test]
     fn a_spent_budget_skips_what_is_left() {
-        let dir = temp_dir("budget");
-        fs::create_dir_all(&dir).unwrap();
-        let raw = RawDir::new(dir.join("raw"));
-        raw.start(&meta()).unwrap();
-        let tools = tools_with_fake_mpirun(&dir, "exit 0");
         let mut p = plan(vec![System::OpenMpiTcp]);
         p.budget = Duration::ZERO;
-        let limits = LimitTools {
-            memcpy: PathBuf::from("false"),
-            tcp: PathBuf::from("false"),
-        };
-        let mut progress = Vec::new();
-        Runner {
-            plan: &p,
-            tools: &tools,
-            limits: &limits,
-            raw: &raw,
-            progress: &mut progress,
-        }
-        .run()
-        .unwrap();
-        let (_, records) = raw.read().unwrap();
+        let (records, _) = run_plan("budget", "exit 0", &p);
         let skipped = runs(&records)
             .into_iter()
             .filter(|r| matches!(r.outcome, RunOutcome::Skipped { .. }))
             .count();
         assert_eq!(skipped, 4);
-        let _ = fs::remove_dir_all(&dir);
     }
 }

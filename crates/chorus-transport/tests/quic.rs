@@ -44,13 +44,17 @@ struct Member {
 }
 
 fn member(rank: u32, secret: &JobSecret) -> Member {
+    member_with(rank, secret, liveness())
+}
+
+fn member_with(rank: u32, secret: &JobSecret, liveness: Liveness) -> Member {
     let id = Identity::generate().unwrap();
     let ep = QuicEndpoint::bind(
         "127.0.0.1:0".parse().unwrap(),
         &id,
         secret.clone(),
         config(),
-        liveness(),
+        liveness,
         admit_all(Rank(rank)),
     )
     .unwrap();
@@ -281,20 +285,10 @@ async fn a_connect_into_a_cut_is_answered_soon_after_the_heal() {
         deadline: Duration::from_secs(4),
     };
     let secret = fresh::job_secret();
-    let endpoint = |rank: u32| {
-        let id = Identity::generate().unwrap();
-        let ep = QuicEndpoint::bind(
-            "127.0.0.1:0".parse().unwrap(),
-            &id,
-            secret.clone(),
-            config(),
-            liveness,
-            admit_all(Rank(rank)),
-        )
-        .unwrap();
-        Member { ep, id }
-    };
-    let (a, b) = (endpoint(1), endpoint(0));
+    let (a, b) = (
+        member_with(1, &secret, liveness),
+        member_with(0, &secret, liveness),
+    );
     let relay = Relay::start(b.ep.local_addr().unwrap()).await;
     let started = Instant::now();
     let connect = a.ep.connect(

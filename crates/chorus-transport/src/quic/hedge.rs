@@ -114,20 +114,26 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_quick_answer_needs_no_second_attempt() {
+    /// Races attempts whose fate `plan(n)` gives (`n` from 1): when each ends, if ever,
+    /// and whether it succeeds. The result, how many started, and the order they went in.
+    async fn race_planned(
+        plan: impl Fn(usize) -> (Option<Duration>, bool),
+    ) -> (Result<usize, String>, usize, Vec<usize>) {
         let dropped = Rc::new(RefCell::new(Vec::new()));
         let mut started = 0;
         let got = race(EVERY, KEEP, || {
             started += 1;
-            Ok::<_, String>(attempt(
-                started,
-                Some(Duration::from_millis(30)),
-                true,
-                &dropped,
-            ))
+            let (after, ok) = plan(started);
+            Ok::<_, String>(attempt(started, after, ok, &dropped))
         })
         .await;
+        let order = dropped.borrow().clone();
+        (got, started, order)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quick_answer_needs_no_second_attempt() {
+        let (got, started, _) = race_planned(|_| (Some(Duration::from_millis(30)), true)).await;
         assert_eq!(got, Ok(1));
         assert_eq!(started, 1);
     }
@@ -135,20 +141,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_path_gets_a_fresh_attempt_every_interval_and_keeps_the_newest() {
         // Attempts 1–4 never answer (opened into a cut); the fifth answers at once.
-        let dropped = Rc::new(RefCell::new(Vec::new()));
-        let mut started = 0;
         let t0 = tokio::time::Instant::now();
-        let got = race(EVERY, KEEP, || {
-            started += 1;
-            let after = (started == 5).then_some(Duration::ZERO);
-            Ok::<_, String>(attempt(started, after, true, &dropped))
-        })
-        .await;
+        let (got, _, mut order) =
+            race_planned(|n| ((n == 5).then_some(Duration::ZERO), true)).await;
         assert_eq!(got, Ok(5));
         assert_eq!(t0.elapsed(), 4 * EVERY, "one start per interval");
         // With three kept, starting the fourth dropped the first, the fifth the second;
         // the winner's end dropped it, and the race's end the two left.
-        let mut order = dropped.borrow().clone();
         assert_eq!(&order[..3], &[1, 2, 5]);
         order.sort_unstable();
         assert_eq!(order, vec![1, 2, 3, 4, 5], "every attempt is gone");
@@ -157,46 +156,24 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_older_attempt_that_answers_first_wins() {
         // The first answers at 250 ms (a resend got through); the later ones never do.
-        let dropped = Rc::new(RefCell::new(Vec::new()));
-        let mut started = 0;
-        let got = race(EVERY, KEEP, || {
-            started += 1;
-            let after = (started == 1).then_some(Duration::from_millis(250));
-            Ok::<_, String>(attempt(started, after, true, &dropped))
-        })
-        .await;
+        let (got, started, _) =
+            race_planned(|n| ((n == 1).then_some(Duration::from_millis(250)), true)).await;
         assert_eq!(got, Ok(1));
         assert_eq!(started, 3, "starts at 0, 100 and 200 ms");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_failure_while_others_live_is_forgotten_and_the_last_failure_returned() {
-        let dropped = Rc::new(RefCell::new(Vec::new()));
-        let mut started = 0;
         // The first fails at 150 ms while the second lives; the second answers at 260 ms.
-        let got = race(EVERY, KEEP, || {
-            started += 1;
-            let (after, ok) = match started {
-                1 => (Some(Duration::from_millis(150)), false),
-                2 => (Some(Duration::from_millis(160)), true),
-                _ => (None, true),
-            };
-            Ok::<_, String>(attempt(started, after, ok, &dropped))
+        let (got, _, _) = race_planned(|n| match n {
+            1 => (Some(Duration::from_millis(150)), false),
+            2 => (Some(Duration::from_millis(160)), true),
+            _ => (None, true),
         })
         .await;
         assert_eq!(got, Ok(2));
         // A lone attempt that fails ends the race with its error, starting nothing more.
-        let mut started = 0;
-        let got = race(EVERY, KEEP, || {
-            started += 1;
-            Ok::<_, String>(attempt(
-                started,
-                Some(Duration::from_millis(10)),
-                false,
-                &dropped,
-            ))
-        })
-        .await;
+        let (got, started, _) = race_planned(|_| (Some(Duration::from_millis(10)), false)).await;
         assert_eq!(got, Err("attempt 1 failed".to_owned()));
         assert_eq!(started, 1);
     }
