@@ -14,12 +14,15 @@ mod membership;
 #[cfg(feature = "cuda")]
 mod same_gpu;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use chorus_engine::{Buffer, Context, LinkError, Op, OpError, OpErrorKind, Reduction};
 use chorus_protocol::{CloseCode, CommId, Rank};
+use futures::FutureExt;
+use futures::future::{Either, ready};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
@@ -194,17 +197,35 @@ impl Comm {
     // Collectives
 
     /// Runs one operation on raw bytes (any `DType`, fp8 included).
-    pub async fn run(&self, op: Op<'_, [u8]>) -> Result<()> {
-        self.usable()?;
-        let result = self.inner.epoch.engine.run(op).await;
-        result.map_err(|e| self.op_failed(&e))
+    ///
+    /// The operation is submitted when this is called, not when the future is first polled:
+    /// it takes its place in the communicator's sequence at once, as an NCCL call does, so
+    /// futures made in one order may be awaited in another. Drop it unfinished, polled or
+    /// not, and the communicator is poisoned, as after any operation that did not end (its
+    /// peers may be inside it). Built eagerly, the engine's future is the one this returns,
+    /// not a field of another future: an `async fn` here would move those few kilobytes
+    /// into its own state on every call, a measurable share of a small operation.
+    pub fn run<'a>(&'a self, op: Op<'a, [u8]>) -> impl Future<Output = Result<()>> + Send + 'a {
+        match self.usable() {
+            Err(e) => Either::Left(ready(Err(e))),
+            Ok(()) => Either::Right(
+                (self.inner.epoch.engine.run(op)).map(move |r| r.map_err(|e| self.op_failed(&e))),
+            ),
+        }
     }
 
-    /// Runs several operations together and completes them together (NCCL's group calls).
-    pub async fn group(&self, ops: Vec<Op<'_, [u8]>>) -> Result<()> {
-        self.usable()?;
-        let result = self.inner.epoch.engine.group(ops).await;
-        result.map_err(|e| self.op_failed(&e))
+    /// Runs several operations together and completes them together (NCCL's group calls),
+    /// submitted when called, as [`Comm::run`].
+    pub fn group<'a>(
+        &'a self,
+        ops: Vec<Op<'a, [u8]>>,
+    ) -> impl Future<Output = Result<()>> + Send + 'a {
+        match self.usable() {
+            Err(e) => Either::Left(ready(Err(e))),
+            Ok(()) => Either::Right(
+                (self.inner.epoch.engine.group(ops)).map(move |r| r.map_err(|e| self.op_failed(&e))),
+            ),
+        }
     }
 
     /// Every rank ends with the reduction of every rank's `send`.
