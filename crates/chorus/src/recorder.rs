@@ -7,7 +7,7 @@
 //! when someone asks (an error, `chorus status`, the deadline watchdog).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use chorus_engine::context::AbortReason;
@@ -174,7 +174,7 @@ impl OpObserver for Recorder {
         // A running entry never makes the log trim: only finished ones count.
         self.lock().entries.push_back(Entry {
             op: op.clone(),
-            started: Instant::now(),
+            started: coarse_now(),
             ended: None,
         });
     }
@@ -186,13 +186,46 @@ impl OpObserver for Recorder {
             .iter_mut()
             .rev()
             .find(|e| Arc::ptr_eq(&e.op, op) && e.ended.is_none())
-            .map(|e| e.ended = Some(Instant::now()))
+            .map(|e| e.ended = Some(coarse_now()))
             .is_some();
         if ended {
             log.finished += 1;
             self.trim(&mut log);
         }
     }
+}
+
+/// Now, read from the kernel's coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`: the last
+/// scheduler tick, no timestamp-counter read), as an `Instant` of the process clock. The
+/// recorder stamps every operation twice, and a small operation takes about a microsecond:
+/// the fine clock cost a few percent of it. What the stamps are read for tolerates the lag
+/// of at most one tick (1 to 10 ms): ages and durations shown in milliseconds, and
+/// operation timeouts of seconds, which fire at most a tick late. A stamp may also read up
+/// to a tick later than `Instant::now()`; every reader saturates such a difference to zero.
+/// Where the coarse clock cannot be read, the fine one is used.
+fn coarse_now() -> Instant {
+    // The coarse reading first: the fine one taken after it is never earlier.
+    static ORIGIN: OnceLock<Option<(Duration, Instant)>> = OnceLock::new();
+    let origin = ORIGIN.get_or_init(|| coarse_since_boot().map(|c| (c, Instant::now())));
+    match (origin, coarse_since_boot()) {
+        (Some((coarse0, fine0)), Some(coarse)) => fine0
+            .checked_add(coarse.saturating_sub(*coarse0))
+            .unwrap_or_else(Instant::now),
+        _ => Instant::now(),
+    }
+}
+
+/// `CLOCK_MONOTONIC_COARSE`, through libc (whose vDSO call tools such as valgrind know).
+fn coarse_since_boot() -> Option<Duration> {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid, writable timespec for the whole call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
+    let secs = u64::try_from(t.tv_sec).ok()?;
+    let nanos = u32::try_from(t.tv_nsec).ok().filter(|&n| n < 1_000_000_000)?;
+    (rc == 0).then(|| Duration::new(secs, nanos))
 }
 
 #[cfg(test)]
@@ -237,6 +270,29 @@ mod tests {
             );
             thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    #[test]
+    fn the_coarse_clock_keeps_to_the_process_clock() {
+        let mut last = coarse_now();
+        for _ in 0..1000 {
+            let stamp = coarse_now();
+            assert!(stamp >= last, "the stamps never go back");
+            let fine = Instant::now();
+            let apart = stamp
+                .saturating_duration_since(fine)
+                .max(fine.saturating_duration_since(stamp));
+            assert!(
+                apart < Duration::from_millis(100),
+                "a stamp is within a tick of the process clock, not {apart:?}"
+            );
+            last = stamp;
+        }
+        thread::sleep(Duration::from_millis(50));
+        assert!(
+            coarse_now() >= last + Duration::from_millis(20),
+            "the stamps advance with time"
+        );
     }
 
     #[test]
