@@ -5,7 +5,7 @@
 //! rounds (1..=log2 p), unfold (log2 p + 1).
 
 use crate::algo::fold::{Fold, fold_in, fold_out, unfold, unfolded};
-use crate::algo::{Land, Span, exchange};
+use crate::algo::{Land, Span, exchange, step};
 use crate::device::Device;
 use crate::error::OpError;
 use crate::link::Link;
@@ -40,6 +40,17 @@ where
     }
     for i in 0..fold.rounds {
         let partner = fold.real(nr ^ (1 << i));
+        if k == 1 {
+            // One chunk each way (every small all-reduce): `exchange`'s loop unrolled, the
+            // same send, then the same receive, under the same tags and steps, without a
+            // future of its own in between (a few hundred instructions of a call whose
+            // whole cost is a few thousand).
+            let (step, len) = (step(1 + i, k, 0), count * es);
+            run.send_from(partner, step, 0, mem, 0, len).await?;
+            run.recv_reduce_into(partner, step, 0, mem, 0, len, op, true)
+                .await?;
+            continue;
+        }
         let (out, inn) = (Some(all), Some(all));
         exchange(
             run,
