@@ -57,7 +57,10 @@ pub struct Engine<D: Device, L: Link<D::Payload> + ?Sized> {
     /// Next point-to-point sequence per (direction is send, peer).
     p2p_seq: Mutex<IdMap<(bool, u32), u64>>,
     poison: Mutex<Option<Arc<OpError>>>,
-    running: Mutex<IdMap<u64, Arc<OpProgress>>>,
+    /// The operations in flight, by id, in no particular order: a few at a time (a group's
+    /// members at most), so a short list scanned beats a hash map, whose insert and remove
+    /// were a few hundred instructions of every small operation.
+    running: Mutex<Vec<(u64, Arc<OpProgress>)>>,
     next_id: AtomicU64,
     observer: Option<Arc<dyn OpObserver>>,
 }
@@ -154,7 +157,7 @@ where
             next_seq: AtomicU64::new(0),
             p2p_seq: Mutex::new(IdMap::default()),
             poison: Mutex::new(None),
-            running: Mutex::new(IdMap::default()),
+            running: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(0),
             observer: None,
         })
@@ -533,7 +536,7 @@ where
             op_ctx,
         ));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.running.lock().insert(id, progress.clone());
+        self.running.lock().push((id, progress.clone()));
         let armed = Armed {
             engine: self,
             p: Prepared { id, progress },
@@ -577,7 +580,12 @@ where
     }
 
     fn complete(&self, p: &Prepared, result: Result<(), OpError>) -> Result<(), OpError> {
-        self.running.lock().remove(&p.id);
+        {
+            let mut running = self.running.lock();
+            if let Some(i) = running.iter().position(|(id, _)| *id == p.id) {
+                running.swap_remove(i);
+            }
+        }
         match &result {
             Ok(()) => p.progress.set_state(OpState::Done),
             Err(e) => {
