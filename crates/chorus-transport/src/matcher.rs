@@ -6,7 +6,7 @@
 //! [`Matcher::acquire`]. Nothing here blocks a thread, and every wait ends when the link
 //! fails, so `cancel` reaches every pending operation at once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use chorus_engine::link::{LinkError, Tag};
@@ -45,6 +45,9 @@ pub(crate) struct Matcher {
     window_bytes: u32,
     /// Sends waiting in the window's queue.
     queued: AtomicUsize,
+    /// Set once, with `State::terminal`, and never cleared: a look at the link's failure
+    /// that takes no lock (see [`Matcher::has_failed`]).
+    failed: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -157,12 +160,24 @@ impl Matcher {
             window: Semaphore::new(window_bytes as usize),
             window_bytes,
             queued: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         }
     }
 
     pub(crate) fn peer(&self) -> Rank {
         self.peer
+    }
+
+    /// Whether sends wait in the window's queue: a send that would take no credit must not
+    /// overtake them.
+    pub(crate) fn has_queued(&self) -> bool {
+        self.queued.load(Ordering::SeqCst) != 0
+    }
+
+    /// Whether the link has failed: [`Matcher::terminal`] is then `Some`, and stays so.
+    pub(crate) fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
     }
 
     /// The terminal error, if the link has failed.
@@ -185,6 +200,7 @@ impl Matcher {
                 st.held_bytes = 0;
             }
             st.terminal = Some(err.clone());
+            self.failed.store(true, Ordering::SeqCst);
             std::mem::take(&mut st.waiters)
         };
         self.window.close();

@@ -231,6 +231,62 @@ fn send_bytes_now_refuses_without_credit_and_numbers_nothing() {
     });
 }
 
+/// A small send that takes no window credit (written whole into an idle ring) never
+/// overtakes a send still waiting for that credit: the peer gets them in the order sent.
+#[test]
+fn a_send_waiting_for_the_window_is_not_overtaken() {
+    shared(async {
+        let cfg = TransportConfig {
+            shm_ring: 64 << 10,
+            send_window: 256 << 10,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let chunk = |m: Option<Message>| match m {
+            Some(Message::Chunk(c)) => (c.header.op, c.payload),
+            other => panic!("expected a chunk, got {other:?}"),
+        };
+        // The raw end reads nothing yet: the ring fills, the rest is queued holding the
+        // whole window, so the next send waits for credit.
+        link.send(tag(1, 0), pattern(1 << 20, 1)).await.unwrap();
+        let mut waiting = link.send(tag(2, 0), pattern(100 << 10, 2));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        // Once the first frame is out, the stream is idle and the ring empty, but the
+        // waiting send has not run since the window reopened.
+        assert_eq!(chunk(next_message(&mut raw, WAIT)).0, OpSeq(1));
+        let deadline = Instant::now() + WAIT;
+        while !link.is_flushed() {
+            assert!(Instant::now() < deadline, "the first frame never left");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            link.send_bytes_now(tag(3, 0), b"small").is_none(),
+            "a send still waits for the window"
+        );
+        waiting.await.unwrap();
+        let deadline = Instant::now() + WAIT;
+        let sent = loop {
+            if let Some(done) = link.send_bytes_now(tag(3, 0), b"small") {
+                break done;
+            }
+            assert!(Instant::now() < deadline, "the window never reopened");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        sent.unwrap();
+        assert_eq!(
+            chunk(next_message(&mut raw, WAIT)),
+            (OpSeq(2), pattern(100 << 10, 2))
+        );
+        assert_eq!(
+            chunk(next_message(&mut raw, WAIT)),
+            (OpSeq(3), Bytes::from_static(b"small"))
+        );
+    });
+}
+
 /// `recv_into` lands every size in the destination, whether the spin places it straight
 /// from the ring or the frame was held first; another length is reported, never copied.
 #[test]

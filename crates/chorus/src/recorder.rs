@@ -224,7 +224,9 @@ fn coarse_since_boot() -> Option<Duration> {
     // SAFETY: `t` is a valid, writable timespec for the whole call.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
     let secs = u64::try_from(t.tv_sec).ok()?;
-    let nanos = u32::try_from(t.tv_nsec).ok().filter(|&n| n < 1_000_000_000)?;
+    let nanos = u32::try_from(t.tv_nsec)
+        .ok()
+        .filter(|&n| n < 1_000_000_000)?;
     (rc == 0).then(|| Duration::new(secs, nanos))
 }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chorus_engine::link::{CancelReason, Link, LinkError, LinkFuture, Reducer, Tag};
+use chorus_protocol::frame::CHUNK_PREFIX_LEN;
 use chorus_protocol::message::Depart;
 use chorus_protocol::{CloseCode, CommId, Epoch, Rank};
 use parking_lot::MutexGuard;
@@ -311,6 +312,69 @@ impl ShmLink {
     }
 }
 
+impl ShmLink {
+    /// `send_bytes_now` of a frame our ring has room for whole, on an idle stream: numbered
+    /// and written at once, under the stream's lock, without taking send-window credit and
+    /// giving it straight back (the window bounds the bytes queued for the pump, and none
+    /// are: the room only grows while the producer lock is held). A small frame goes in as
+    /// one piece, so the peer sees it by one published tail. `None`, with nothing numbered,
+    /// when the link has failed, sends wait for credit (this one must not overtake them),
+    /// the stream is busy or closing, or the room is short: the general path then takes
+    /// it, or says why not.
+    fn write_whole(&self, tag: &Tag, data: &[u8]) -> Option<Result<(), LinkError>> {
+        let s = &*self.shared;
+        if s.matcher.has_failed() || s.matcher.has_queued() {
+            return None;
+        }
+        let mut out = s.outbound.lock();
+        if !out.is_idle() || out.is_closing() {
+            return None;
+        }
+        let total = CHUNK_PREFIX_LEN + data.len();
+        let mut producer = s.producer.lock();
+        if s.room(&producer)? < total {
+            return None;
+        }
+        let numbered = match out.number_len(&s.matcher, tag, data.len()) {
+            Ok(numbered) => numbered,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut whole = [0u8; WHOLE_MAX];
+        let parts = if total <= WHOLE_MAX {
+            whole[..CHUNK_PREFIX_LEN].copy_from_slice(numbered.prefix());
+            whole[CHUNK_PREFIX_LEN..total].copy_from_slice(data);
+            [&whole[..total], &[][..]]
+        } else {
+            [numbered.prefix(), data]
+        };
+        let written = s.write_some(&mut producer, parts);
+        drop(producer);
+        match written {
+            Ok(n) if n == total => Some(Ok(())),
+            // Only a peer that moved its head backwards shrinks the room: the rest goes to
+            // the pump, as on the general path.
+            Ok(n) => {
+                let wake = out.push(numbered.into_frame(data, n));
+                drop(out);
+                if wake {
+                    s.kick();
+                }
+                Some(Ok(()))
+            }
+            Err(err) => {
+                drop(out);
+                s.matcher.fail(err.clone());
+                s.close(None);
+                Some(Err(err))
+            }
+        }
+    }
+}
+
+/// Frames up to this long are written as one piece by `write_whole` (copied together on
+/// the stack first), larger ones as their prefix and then their payload.
+const WHOLE_MAX: usize = 512;
+
 /// A numbered chunk on its way to the ring.
 enum Outgoing<'d> {
     /// A frame that owns its payload (`send`).
@@ -372,6 +436,9 @@ impl Link<Bytes> for ShmLink {
     }
 
     fn send_bytes_now(&self, tag: Tag, data: &[u8]) -> Option<Result<(), LinkError>> {
+        if let Some(done) = self.write_whole(&tag, data) {
+            return Some(done);
+        }
         let s = &*self.shared;
         let admitted = outbound::admit_now(&s.outbound, &s.matcher, data.len(), |out| {
             out.number_len(&s.matcher, &tag, data.len())

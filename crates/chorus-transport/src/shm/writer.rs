@@ -79,6 +79,14 @@ impl Shared {
         self.producer.lock().is_drained(head)
     }
 
+    /// The bytes our ring has room for now (it only grows while `producer`'s lock is
+    /// held); `None` when the peer's head is out of range (the write path reports that).
+    pub(super) fn room(&self, producer: &Producer) -> Option<usize> {
+        let head = self.head(self.me).load(Ordering::Acquire);
+        let spans = producer.writable(head, usize::MAX).ok()?;
+        Some(spans.len())
+    }
+
     /// Whether our ring has room for at least one byte.
     pub(super) fn has_room(&self) -> bool {
         let head = self.head(self.me).load(Ordering::Acquire);

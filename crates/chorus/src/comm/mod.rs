@@ -223,7 +223,8 @@ impl Comm {
         match self.usable() {
             Err(e) => Either::Left(ready(Err(e))),
             Ok(()) => Either::Right(
-                (self.inner.epoch.engine.group(ops)).map(move |r| r.map_err(|e| self.op_failed(&e))),
+                (self.inner.epoch.engine.group(ops))
+                    .map(move |r| r.map_err(|e| self.op_failed(&e))),
             ),
         }
     }
