@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use chorus_protocol::message::OpState;
 use chorus_protocol::{Collective, DType, OpSeq, Rank};
+use futures::future::Either;
 use parking_lot::Mutex;
 use tracing::Instrument;
 
@@ -254,13 +255,20 @@ where
     ) -> impl Future<Output = Result<(), OpError>> + Send + use<'a, D, L> {
         let span = self.span(&op);
         let armed = self.prepare(ctx, &op);
-        async move {
+        if let Ok(armed) = &armed {
+            span.record("op", armed.p.progress.seq().0);
+        }
+        let run = async move {
             let armed = armed?;
-            tracing::Span::current().record("op", armed.p.progress.seq().0);
             let result = self.execute(&armed.p, op).await;
             armed.finish(result)
+        };
+        // Entering a span nobody listens to still costs a call on every poll.
+        if span.is_disabled() {
+            Either::Left(run)
+        } else {
+            Either::Right(run.instrument(span))
         }
-        .instrument(span)
     }
 
     /// Run several operations together (NCCL's group calls): they are submitted in order,
