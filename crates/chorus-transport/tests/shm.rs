@@ -94,6 +94,42 @@ async fn link_and_raw(t: &ShmTransport, l: &mut ShmListener) -> (ShmLink, RawShm
     )
 }
 
+/// A link with a 64 KiB ring and a 256 KiB send window to a raw peer that reads only when
+/// asked (so a large send fills the ring and queues the rest, holding the window), with
+/// the transport and listener it needs kept alive.
+async fn windowed_link_and_raw() -> (ShmTransport, ShmListener, ShmLink, RawShm) {
+    let cfg = TransportConfig {
+        shm_ring: 64 << 10,
+        send_window: 256 << 10,
+        ..config()
+    };
+    let (t, _) = transport(Some(cfg));
+    let mut l = listener(&t, 0).await;
+    let (link, raw) = link_and_raw(&t, &mut l).await;
+    (t, l, link, raw)
+}
+
+/// `send_bytes_now` of `data`, retried until the link takes it (the window has reopened).
+async fn send_once_the_window_reopens(link: &ShmLink, tag: chorus_engine::link::Tag, data: &[u8]) {
+    let deadline = Instant::now() + WAIT;
+    let sent = loop {
+        if let Some(done) = link.send_bytes_now(tag, data) {
+            break done;
+        }
+        assert!(Instant::now() < deadline, "the window never reopened");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    sent.unwrap();
+}
+
+/// The sequence number and payload of a chunk the raw peer read.
+fn chunk(m: Option<Message>) -> (OpSeq, Bytes) {
+    match m {
+        Some(Message::Chunk(c)) => (c.header.op, c.payload),
+        other => panic!("expected a chunk, got {other:?}"),
+    }
+}
+
 async fn transfer(a: &ShmLink, b: &ShmLink, op: u64, len: usize) {
     let payload = pattern(len, op as u8);
     let (s, r) = tokio::join!(a.send(tag(op, 0), payload.clone()), b.recv(tag(op, 0)));
@@ -187,18 +223,7 @@ fn round_trip_every_size_both_ways_and_early_arrivals_are_held() {
 #[test]
 fn send_bytes_now_refuses_without_credit_and_numbers_nothing() {
     shared(async {
-        let cfg = TransportConfig {
-            shm_ring: 64 << 10,
-            send_window: 256 << 10,
-            ..config()
-        };
-        let (t, _) = transport(Some(cfg));
-        let mut l = listener(&t, 0).await;
-        let (link, mut raw) = link_and_raw(&t, &mut l).await;
-        let chunk = |m: Option<Message>| match m {
-            Some(Message::Chunk(c)) => (c.header.op, c.payload),
-            other => panic!("expected a chunk, got {other:?}"),
-        };
+        let (_t, _l, link, mut raw) = windowed_link_and_raw().await;
         link.send_bytes_now(tag(1, 0), b"small").unwrap().unwrap();
         assert_eq!(
             chunk(next_message(&mut raw, WAIT)),
@@ -210,15 +235,7 @@ fn send_bytes_now_refuses_without_credit_and_numbers_nothing() {
         let (op, payload) = chunk(next_message(&mut raw, WAIT));
         assert!(op == OpSeq(2) && payload == pattern(1 << 20, 2));
         // The credit comes back once the pump has written the frame.
-        let deadline = Instant::now() + WAIT;
-        let sent = loop {
-            if let Some(done) = link.send_bytes_now(tag(3, 0), b"later") {
-                break done;
-            }
-            assert!(Instant::now() < deadline, "the window never reopened");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        };
-        sent.unwrap();
+        send_once_the_window_reopens(&link, tag(3, 0), b"later").await;
         assert_eq!(
             chunk(next_message(&mut raw, WAIT)),
             (OpSeq(3), Bytes::from_static(b"later"))
@@ -236,18 +253,7 @@ fn send_bytes_now_refuses_without_credit_and_numbers_nothing() {
 #[test]
 fn a_send_waiting_for_the_window_is_not_overtaken() {
     shared(async {
-        let cfg = TransportConfig {
-            shm_ring: 64 << 10,
-            send_window: 256 << 10,
-            ..config()
-        };
-        let (t, _) = transport(Some(cfg));
-        let mut l = listener(&t, 0).await;
-        let (link, mut raw) = link_and_raw(&t, &mut l).await;
-        let chunk = |m: Option<Message>| match m {
-            Some(Message::Chunk(c)) => (c.header.op, c.payload),
-            other => panic!("expected a chunk, got {other:?}"),
-        };
+        let (_t, _l, link, mut raw) = windowed_link_and_raw().await;
         // The raw end reads nothing yet: the ring fills, the rest is queued holding the
         // whole window, so the next send waits for credit.
         link.send(tag(1, 0), pattern(1 << 20, 1)).await.unwrap();
@@ -267,15 +273,7 @@ fn a_send_waiting_for_the_window_is_not_overtaken() {
             "a send still waits for the window"
         );
         waiting.await.unwrap();
-        let deadline = Instant::now() + WAIT;
-        let sent = loop {
-            if let Some(done) = link.send_bytes_now(tag(3, 0), b"small") {
-                break done;
-            }
-            assert!(Instant::now() < deadline, "the window never reopened");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        };
-        sent.unwrap();
+        send_once_the_window_reopens(&link, tag(3, 0), b"small").await;
         assert_eq!(
             chunk(next_message(&mut raw, WAIT)),
             (OpSeq(2), pattern(100 << 10, 2))

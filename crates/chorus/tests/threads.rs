@@ -72,6 +72,49 @@ fn four_ranks_all_reduce_and_destroy() {
     assert_eq!(out, vec![10.0; 4]);
 }
 
+/// `Comm::run` submits an operation when it is called, not when its future is first
+/// polled: two ranks that make the same two operations in the same order, then drive them
+/// together in opposite orders, still pair each with its own (polled first, the second
+/// would have taken the first's place on one rank: a size mismatch, or the wrong data).
+#[test]
+fn operations_are_numbered_when_called_not_when_first_polled() {
+    use chorus::{Buffer, DType, Op};
+    use futures::executor::block_on;
+    use futures::future::join;
+    let out = run_ranks(2, |comm| {
+        let mut a = [1.0f32; 4];
+        let mut b = [10.0f32; 8];
+        let (fa, fb) = (
+            comm.run(Op::AllReduce {
+                buf: Buffer::in_place(bytemuck::cast_slice_mut(&mut a)),
+                count: 4,
+                dtype: DType::F32,
+                reduction: Reduction::Sum,
+            }),
+            comm.run(Op::AllReduce {
+                buf: Buffer::in_place(bytemuck::cast_slice_mut(&mut b)),
+                count: 8,
+                dtype: DType::F32,
+                reduction: Reduction::Sum,
+            }),
+        );
+        let (ra, rb) = if comm.rank() == 0 {
+            block_on(join(fa, fb))
+        } else {
+            let (rb, ra) = block_on(join(fb, fa));
+            (ra, rb)
+        };
+        ra.unwrap();
+        rb.unwrap();
+        comm.destroy_blocking().unwrap();
+        (a, b)
+    });
+    for (a, b) in out {
+        assert_eq!(a, [2.0; 4]);
+        assert_eq!(b, [20.0; 8]);
+    }
+}
+
 #[test]
 fn an_aborting_rank_fails_the_others_and_the_survivors_shrink() {
     use std::time::Instant;
