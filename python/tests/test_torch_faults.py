@@ -20,7 +20,7 @@ import json
 
 import pytest
 
-from torch_jobs.launch import ExitWatch, Nodes, require_torch, torchrun
+from torch_jobs.launch import ExitWatch, Nodes, gone, require_torch, torchrun
 
 require_torch(__name__)
 
@@ -74,6 +74,8 @@ def test_sigstop_is_peer_failed_within_the_deadline(tmp_path):
         nodes.wait_files([tmp_path / "seen-0.json", tmp_path / "seen-1.json"], timeout=150)
     finally:
         nodes.kill()  # the stopped rank and its agent
+    frozen = json.loads((tmp_path / "victim-pid.json").read_text())["pid"]
+    assert gone(frozen, 10), f"the frozen rank (pid {frozen}) outlived the test"
     victim = json.loads((tmp_path / "victim.json").read_text())
     for r, s in enumerate(seen(tmp_path, [0, 1])):
         assert s["class"] == "PeerFailed" and s["peer"] == 2, (r, s)

@@ -94,10 +94,55 @@ def excerpt(out: str) -> str:
 
 
 def kill_session(p: subprocess.Popen) -> None:
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGKILLs ``p``'s process group and every process below ``p``, whatever their
+    session: torchrun's agent starts each worker in a session of its own, so killing the
+    agent's group alone left a worker the test had frozen (SIGSTOP) stopped for ever,
+    reparented to init."""
+    for pid in [p.pid, *descendants(p.pid)]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # gone already, or not a group leader
+
+
+def descendants(pid: int) -> List[int]:
+    """Every live process below ``pid`` (its children, theirs, ...), read from /proc."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # ended meanwhile
+        # The command name may hold spaces and parentheses: the fields follow the last ')'.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def gone(pid: int, within: float) -> bool:
+    """Whether ``pid`` has ended (or is a zombie) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
 
 
 class ExitWatch:
