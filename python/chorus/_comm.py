@@ -148,8 +148,9 @@ class Comm:
     def all_reduce(self, a: Any, out: Any = None, op: Op = "sum", *, async_op: bool = False, timeout: Optional[float] = None) -> Optional[Work]:
         """Every rank ends with the reduction of every rank's ``a``."""
         if not async_op and timeout is None and self._group is None and self._c.all_reduce_now(a, out, op):
-            # numpy arrays with a plain reduction, described and run by the extension in
-            # one call; anything else (or anything wrong) takes the general path below.
+            # numpy arrays and plain torch CPU tensors with a plain reduction, described
+            # and run by the extension in one call; anything else (or anything wrong) takes
+            # the general path below.
             return None
         send, recv = self._pair(a, out)
         _same(send, recv, "out", send.numel)

@@ -90,10 +90,63 @@ def test_declines_what_the_general_path_decides(comm, case):
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
-def test_declines_torch_tensors(comm):
+def test_takes_exactly_the_tensors_the_python_fast_path_takes(comm):
+    """The extension's tensor description (``tensor.rs``) and ``_buffers._tensor_fast``
+    must take the same tensors: every dtype both carry, in place and out of place, and
+    nothing the Python twin declines."""
     import torch
 
-    assert now(comm, torch.zeros(4)) is False
+    from chorus import _buffers
+
+    names = [n for n in _buffers._DTYPES if isinstance(getattr(torch, n, None), torch.dtype)]
+    for dtype_name in names:
+        t = torch.zeros(6, dtype=getattr(torch, dtype_name)).reshape(2, 3)
+        before = comm._c._calls()
+        # fp8 sums are the engine's own; max works on every dtype.
+        assert now(comm, t, op="max") is True, dtype_name
+        assert now(comm, t, torch.zeros_like(t), op="max") is True, dtype_name
+        assert comm._c._calls()[0] == before[0] + 2, dtype_name
+
+    class Sub(torch.Tensor):
+        pass
+
+    declined = {
+        "strided": torch.zeros(8)[::2],
+        "transposed": torch.zeros(3, 2).t(),
+        "complex": torch.zeros(4, dtype=torch.complex64),
+        "bool": torch.zeros(4, dtype=torch.bool),
+        "int16": torch.zeros(4, dtype=torch.int16),
+        "sparse": torch.zeros(4).to_sparse(),
+        "subclass": torch.zeros(4).as_subclass(Sub),
+        "parameter": torch.nn.Parameter(torch.zeros(4)),
+        "meta": torch.zeros(4, device="meta"),
+    }
+    for case, t in declined.items():
+        assert _buffers._tensor_fast(torch, t) is None or case in ("subclass", "parameter"), case
+        before = comm._c._calls()
+        assert now(comm, t) is False, case
+        assert comm._c._calls() == before, f"{case}: a declined call runs nothing"
+    # Unlike in dtype or size from the input: the general path says how.
+    assert now(comm, torch.zeros(4), torch.zeros(4, dtype=torch.float64)) is False
+    assert now(comm, torch.zeros(4), torch.zeros(5)) is False
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+def test_a_tensor_reduces_in_its_own_memory_through_the_extension(comm):
+    import torch
+
+    t = torch.arange(6, dtype=torch.float32)
+    ptr = t.data_ptr()
+    assert now(comm, t[2:], op="avg") is True  # a contiguous view, at its own offset
+    assert t.data_ptr() == ptr and t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    out = torch.full((4,), -1.0)
+    assert now(comm, t[2:], out) is True
+    assert out.tolist() == [2.0, 3.0, 4.0, 5.0]
+    whole = torch.zeros(8)
+    with pytest.raises(ValueError, match=r"^out: expected memory separate from the input"):
+        now(comm, whole[:4], whole[2:6])
+    with pytest.raises(ValueError, match=r"^timeout"):
+        comm._c.all_reduce_now(torch.zeros(4), None, "sum", -1.0)
 
 
 def test_overlapping_out_is_refused_as_on_the_general_path(comm):

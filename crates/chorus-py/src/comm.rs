@@ -18,7 +18,7 @@ use crate::queue::{Claim, Job, Payload, Queue};
 use crate::unique_id::PyUniqueId;
 use crate::wait;
 use crate::work::{self, Steal, Work};
-use crate::{config, error, host, view};
+use crate::{config, error, host, tensor, view};
 
 #[pyclass(frozen, module = "chorus._chorus", name = "Comm")]
 pub(crate) struct PyComm {
@@ -229,18 +229,20 @@ impl PyComm {
         self.run_specs(py, specs, group, keep, timeout)
     }
 
-    /// The blocking, in-place (`out=None`) or out-of-place all-reduce of numpy arrays
-    /// with a plain reduction (`"sum"`, `"prod"`, `"min"`, `"max"`, `"avg"`), described
-    /// here in one call, as `run` runs it: True once it has run (or raises its error),
-    /// False when the arguments are anything else (another type, a dtype, layout or
-    /// reduction this path does not take, `out` unlike `a`), which the caller then
-    /// describes, checks and runs the general way.
+    /// The blocking, in-place (`out=None`) or out-of-place all-reduce of numpy arrays or
+    /// plain torch CPU tensors with a plain reduction (`"sum"`, `"prod"`, `"min"`, `"max"`,
+    /// `"avg"`), described here in one call, as `run` runs it (within `timeout` seconds if
+    /// given): True once it has run (or raises its error), False when the arguments are
+    /// anything else (another type, a dtype, layout or reduction this path does not take,
+    /// `out` unlike `a`), which the caller then describes, checks and runs the general way.
+    #[pyo3(signature = (a, out, op, timeout=None))]
     fn all_reduce_now(
         &self,
         py: Python<'_>,
         a: &Bound<'_, PyAny>,
         out: &Bound<'_, PyAny>,
         op: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
     ) -> PyResult<bool> {
         let Ok(name) = op.cast::<PyString>() else {
             return Ok(false);
@@ -250,17 +252,20 @@ impl PyComm {
             _ => return Ok(false),
         };
         let in_place = out.is_none();
-        let Some(send) = host::describe(a, in_place) else {
+        let describe =
+            |obj, writable| host::describe(obj, writable).or_else(|| tensor::describe(obj));
+        let Some(send) = describe(a, in_place) else {
             return Ok(false);
         };
         let recv = if in_place {
             send
         } else {
-            match host::describe(out, true) {
+            match describe(out, true) {
                 Some(r) if r.dtype == send.dtype && r.numel == send.numel => r,
                 _ => return Ok(false),
             }
         };
+        let timeout = timeout.map(|t| wait::seconds("timeout", t)).transpose()?;
         let raw = |h: host::Host| op::Raw {
             addr: h.addr,
             len: h.nbytes,
@@ -279,7 +284,7 @@ impl PyComm {
         } else {
             PyTuple::new(py, [a, out])?.into_any().unbind()
         };
-        self.run_specs(py, vec![spec], false, keep, None)?;
+        self.run_specs(py, vec![spec], false, keep, timeout)?;
         Ok(true)
     }
 

@@ -22,6 +22,7 @@ mod host;
 mod op;
 mod order;
 mod queue;
+mod tensor;
 mod unique_id;
 mod view;
 mod wait;

@@ -299,21 +299,25 @@ unsafe fn exclusive<'a>(r: Raw) -> &'a mut [u8] {
 pub(crate) fn dtype_table(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let table = PyDict::new(py);
     for d in DType::ALL {
-        let name = match d {
-            DType::F32 => "float32",
-            DType::F64 => "float64",
-            DType::F16 => "float16",
-            DType::BF16 => "bfloat16",
-            DType::I8 => "int8",
-            DType::U8 => "uint8",
-            DType::I32 => "int32",
-            DType::U32 => "uint32",
-            DType::I64 => "int64",
-            DType::U64 => "uint64",
-            DType::F8E4M3 => "float8_e4m3fn",
-            DType::F8E5M2 => "float8_e5m2",
-        };
-        table.set_item(name, (d.code(), d.size()))?;
+        table.set_item(dtype_name(d), (d.code(), d.size()))?;
     }
     Ok(table)
+}
+
+/// `d`'s name in numpy and torch (`torch.<name>` is its torch dtype).
+pub(crate) fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float32",
+        DType::F64 => "float64",
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        DType::I8 => "int8",
+        DType::U8 => "uint8",
+        DType::I32 => "int32",
+        DType::U32 => "uint32",
+        DType::I64 => "int64",
+        DType::U64 => "uint64",
+        DType::F8E4M3 => "float8_e4m3fn",
+        DType::F8E5M2 => "float8_e5m2",
+    }
 }
