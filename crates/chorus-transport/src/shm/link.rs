@@ -310,9 +310,7 @@ impl ShmLink {
         }
         Ok(())
     }
-}
 
-impl ShmLink {
     /// `send_bytes_now` of a frame our ring has room for whole, on an idle stream: numbered
     /// and written at once, under the stream's lock, without taking send-window credit and
     /// giving it straight back (the window bounds the bytes queued for the pump, and none
