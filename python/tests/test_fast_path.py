@@ -18,6 +18,27 @@ def now(comm, a, out=None, op="sum"):
     return comm._c.all_reduce_now(a, out, op)
 
 
+if HAVE_TORCH:
+    import torch as _torch
+
+    class TensorSub(_torch.Tensor):
+        """A tensor subclass (``nn.Parameter``'s shape): not a plain tensor."""
+
+
+def declined_tensors(torch):
+    """Tensors both fast paths decline, by what is wrong with them; the general path
+    takes them or names the problem."""
+    return {
+        "strided": torch.zeros(8)[::2],
+        "transposed": torch.zeros(3, 2).t(),
+        "complex": torch.zeros(4, dtype=torch.complex64),
+        "bool": torch.zeros(4, dtype=torch.bool),
+        "int16": torch.zeros(4, dtype=torch.int16),
+        "sparse": torch.zeros(4).to_sparse(),
+        "meta": torch.zeros(4, device="meta"),
+    }
+
+
 @pytest.mark.parametrize(
     "dtype", ["float16", "float32", "float64", "int8", "uint8", "int32", "uint32", "int64", "uint64"]
 )
@@ -107,22 +128,13 @@ def test_takes_exactly_the_tensors_the_python_fast_path_takes(comm):
         assert now(comm, t, torch.zeros_like(t), op="max") is True, dtype_name
         assert comm._c._calls()[0] == before[0] + 2, dtype_name
 
-    class Sub(torch.Tensor):
-        pass
-
-    declined = {
-        "strided": torch.zeros(8)[::2],
-        "transposed": torch.zeros(3, 2).t(),
-        "complex": torch.zeros(4, dtype=torch.complex64),
-        "bool": torch.zeros(4, dtype=torch.bool),
-        "int16": torch.zeros(4, dtype=torch.int16),
-        "sparse": torch.zeros(4).to_sparse(),
-        "subclass": torch.zeros(4).as_subclass(Sub),
-        "parameter": torch.nn.Parameter(torch.zeros(4)),
-        "meta": torch.zeros(4, device="meta"),
-    }
+    declined = declined_tensors(torch)
     for case, t in declined.items():
-        assert _buffers._tensor_fast(torch, t) is None or case in ("subclass", "parameter"), case
+        assert _buffers._tensor_fast(torch, t) is None, case
+    # Not plain tensors: the Python twin never sees them (``describe`` checks the type).
+    declined["subclass"] = torch.zeros(4).as_subclass(TensorSub)
+    declined["parameter"] = torch.nn.Parameter(torch.zeros(4))
+    for case, t in declined.items():
         before = comm._c._calls()
         assert now(comm, t) is False, case
         assert comm._c._calls() == before, f"{case}: a declined call runs nothing"
@@ -198,15 +210,7 @@ def test_the_tensor_fast_path_declines_what_the_general_path_decides():
 
     from chorus import _buffers
 
-    class Sub(torch.Tensor):
-        pass
-
-    declined = {
-        "strided": torch.zeros(8)[::2],
-        "transposed": torch.zeros(3, 2).t(),
-        "complex": torch.zeros(4, dtype=torch.complex64),
-        "sparse": torch.zeros(4).to_sparse(),
-    }
+    declined = declined_tensors(torch)
     for case, t in declined.items():
         assert _buffers._tensor_fast(torch, t) is None, case
     # The general path still names what is wrong with them.
@@ -215,7 +219,7 @@ def test_the_tensor_fast_path_declines_what_the_general_path_decides():
     with pytest.raises(TypeError, match=r"^a: expected a tensor of .*complex64"):
         _buffers.describe(declined["complex"], "a", writable=True)
     # A subclass (nn.Parameter's shape) is not a plain tensor: the general path takes it.
-    sub = torch.zeros(4).as_subclass(Sub)
+    sub = torch.zeros(4).as_subclass(TensorSub)
     assert _buffers.describe(sub, "a", writable=True).addr == sub.data_ptr()
 
 
