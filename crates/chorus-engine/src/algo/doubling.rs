@@ -45,9 +45,9 @@ where
             // same send, then the same receive, under the same tags and steps, without a
             // future of its own in between (a few hundred instructions of a call whose
             // whole cost is a few thousand).
-            let (step, len) = (step(1 + i, k, 0), count * es);
-            run.send_from(partner, step, 0, mem, 0, len).await?;
-            run.recv_reduce_into(partner, step, 0, mem, 0, len, op, true)
+            let (at, len) = (step(1 + i, k, 0), count * es);
+            run.send_from(partner, at, 0, mem, 0, len).await?;
+            run.recv_reduce_into(partner, at, 0, mem, 0, len, op, true)
                 .await?;
             continue;
         }
