@@ -27,7 +27,7 @@ from ._hooks import TorchHooks
 from ._link import Step, byte_view
 from ._ops import check_list, check_tensor, nbytes, one, same_layout
 from ._rendezvous import _seconds
-from ._work import Completer, Ended, Work, _Call, _error
+from ._work import Completer, Work, _Call, _error, ended
 
 _SUM = dist.ReduceOp.SUM
 
@@ -45,6 +45,9 @@ class ChorusGroup(TorchHooks):
     def __init__(self, comm: object, timeout: float, comm_timeout: Optional[float] = None, created_by: str = "rendezvous") -> None:
         super().__init__(int(comm.rank), int(comm.size))
         self._comm = comm
+        # The extension's communicator, for the blocking all-reduce's fast path in
+        # ``allreduce`` (None for a stand-in without one).
+        self._inner = getattr(comm, "_c", None)
         self._timeout = float(timeout)
         # The communicator's own op timeout (a split child inherits its parent's).
         self._comm_timeout = float(timeout if comm_timeout is None else comm_timeout)
@@ -214,7 +217,7 @@ class ChorusGroup(TorchHooks):
         # unfinished, else behind the rest in the queue): nothing is left to drain.
         self._last = None
         if post is None:
-            return Ended(outputs)
+            return ended(outputs)
         call = _Call(self, name, None, outputs, post)
         call._end(None)
         return Work([call], outputs)
@@ -225,26 +228,6 @@ class ChorusGroup(TorchHooks):
         call._end(e)
         self._last = call
         return Work([call], outputs)
-
-    def _all_reduce_now(self, t: object, opts: object, tensors: List[torch.Tensor]) -> Optional[Work]:
-        """``dist.all_reduce(t)`` blocking, with SUM, on a plain, contiguous CPU tensor of
-        a dtype chorus reduces: what training loops and benchmarks call most, described,
-        checked and run by the extension in one call (``_chorus.Comm.all_reduce_now``; at
-        4 ranks on 2 cores each µs of Python costs several of latency). None for anything
-        else, which the general path checks and runs."""
-        inner = getattr(self._comm, "_c", None)
-        if inner is None or getattr(self._comm, "_group", None) is not None:
-            return None
-        if not getattr(opts, "reduceOp", None) == _SUM:
-            return None
-        timeout = self._run_timeout()
-        try:
-            if not inner.all_reduce_now(t, None, "sum", timeout):
-                return None
-        except BaseException as e:  # the operation failed (or Ctrl-C aborted it)
-            return self._failed_here("all_reduce", tensors, self._run_error(e, "all_reduce", timeout))
-        self._last = None  # as in _run_here
-        return Ended(tensors)
 
     @staticmethod
     def _now(opts: object) -> bool:
@@ -314,9 +297,21 @@ class ChorusGroup(TorchHooks):
             # no Step or list built in between.
             t = tensors[0]
             if opts is not None and getattr(opts, "asyncOp", True) is False:
-                done = self._all_reduce_now(t, opts, tensors)
-                if done is not None:
-                    return done
+                # ``dist.all_reduce(t)``: blocking, and (nearly always) a plain, contiguous
+                # CPU tensor summed. The extension describes, checks and runs it in one
+                # call, and returns False for anything else, which the general path below
+                # checks and runs. Every line here is paid on every call: at 4 ranks on 2
+                # cores each µs of Python costs several of latency.
+                inner = self._inner
+                if inner is not None and self._comm._group is None and getattr(opts, "reduceOp", None) == _SUM:
+                    timeout = self._run_timeout()
+                    try:
+                        ran = inner.all_reduce_now(t, None, "sum", timeout)
+                    except BaseException as e:  # the operation failed (or Ctrl-C aborted it)
+                        return self._failed_here("all_reduce", tensors, self._run_error(e, "all_reduce", timeout))
+                    if ran:
+                        self._last = None  # as in _run_here
+                        return ended(tensors)
             red = _ops.reduction(opts if opts is not None else dist.ReduceOp.SUM)
             r = _ops.reducible(check_tensor(t, "tensors[0]"), red, "tensors[0]")
             rr = r.red  # bool tensors reduce as bytes, with max or min

@@ -214,11 +214,9 @@ class Ended(dist.Work):
     left to copy out: already over, so it carries only the call's outputs (no ``_Call``,
     no deadline, no error), which keeps a blocking call's Python short. One per call: a
     caller of ``ProcessGroup.allreduce`` that keeps two of them gets each call's own
-    tensors from ``result()``."""
+    tensors from ``result()``. Made by :func:`ended`."""
 
-    def __init__(self, outputs: List[torch.Tensor]) -> None:
-        super().__init__()
-        self._outputs = outputs
+    _outputs: List[torch.Tensor]
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         return True
@@ -248,6 +246,14 @@ class Ended(dist.Work):
 
     def __repr__(self) -> str:
         return "chorus.torch.Work(ended, completed=True)"
+
+
+def ended(outputs: List[torch.Tensor]) -> Ended:
+    """An :class:`Ended` for ``outputs``. ``Ended`` has no ``__init__`` of its own (torch's
+    is called directly, about half the cost of one that calls ``super().__init__()``)."""
+    e = Ended()
+    e._outputs = outputs
+    return e
 
 
 def _seconds(timeout: object) -> Optional[float]:
