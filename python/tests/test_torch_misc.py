@@ -100,3 +100,21 @@ def test_fault_tolerant_example_under_chorus_run(tmp_path):
         assert f"rank {r}: step 5: PeerFailed: peer 3" in out, out
     assert "finished 20 steps on 3 ranks" in out, out
     assert "rank 3" in out and "SIGKILL" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_torch_layers_bench_times_every_layer_and_checks_results():
+    """benches/peer/torch_layers.py (the per-layer cost of a torch all-reduce, by hand) runs
+    at 2 ranks, prints each layer with a time and a CPU figure, and finds no wrong result."""
+    bench = REPO / "benches" / "peer" / "torch_layers.py"
+    p = subprocess.run(
+        [sys.executable, str(bench), "-n", "2", "-b", "64", "-w", "5", "-i", "50", "-r", "2",
+         "--timeout", "100"],
+        cwd=bench.parent, capture_output=True, text=True, timeout=110,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in p.stdout.splitlines()
+            if line.split() and line.split()[0] in ("dist", "backend", "extension")}
+    assert sorted(rows) == ["backend", "dist", "extension"], p.stdout
+    for layer, (per_call, outside) in rows.items():
+        assert float(per_call) > 0 and float(outside) >= 0, (layer, p.stdout)
