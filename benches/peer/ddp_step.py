@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from ranks import supervise
+from ranks import run_script, supervise
 
 BACKENDS = ("chorus", "gloo")
 
@@ -142,10 +142,7 @@ def rank_main(o):
 
 
 def main(argv):
-    o = options(argv)
-    if o.rank is None:
-        return launcher(o)
-    return rank_main(o)
+    return run_script(argv, options, launcher, rank_main)
 
 
 if __name__ == "__main__":

@@ -31,3 +31,12 @@ def supervise(ranks, timeout, label):
         p.wait()
     print(f"{label}: {failed}", file=sys.stderr)
     return 1
+
+
+def run_script(argv, options, launcher, rank_main):
+    """A peer-bench script's entry: parsed with no ``--rank`` it is the launcher
+    (``launcher(o)``), with one it is that rank (``rank_main(o)``). Returns the exit status."""
+    o = options(argv)
+    if o.rank is None:
+        return launcher(o)
+    return rank_main(o)

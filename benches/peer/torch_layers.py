@@ -30,7 +30,7 @@ import sys
 import time
 
 from gloo_allreduce import parse_size
-from ranks import supervise
+from ranks import run_script, supervise
 
 LAYERS = ("dist", "backend", "extension")
 
@@ -153,10 +153,7 @@ def rank_main(o):
 
 
 def main(argv):
-    o = options(argv)
-    if o.rank is None:
-        return launcher(o)
-    return rank_main(o)
+    return run_script(argv, options, launcher, rank_main)
 
 
 if __name__ == "__main__":
