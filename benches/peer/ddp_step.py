@@ -19,11 +19,10 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-from ranks import run_script, supervise
+from ranks import launch_on_store, run_script
 
 BACKENDS = ("chorus", "gloo")
 
@@ -46,19 +45,10 @@ def options(argv):
 
 
 def launch(o, world, result):
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=o.timeout))
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    base = [sys.executable, os.path.abspath(__file__), "-r", str(o.rounds), "-w", str(o.warmup),
-            "-i", str(o.iters), "--timeout", str(o.timeout)]
-    ranks = [
-        subprocess.Popen(base + ["--rank", str(r), "--world", str(world), "--store-port", str(store.port),
-                                 "--result", result], env=env)
-        for r in range(world)
-    ]
-    return supervise(ranks, o.timeout, f"ddp_step ({world} ranks)")
+    args = ["-r", str(o.rounds), "-w", str(o.warmup), "-i", str(o.iters), "--timeout", str(o.timeout),
+            "--world", str(world), "--result", result]
+    return launch_on_store(__file__, world, o.timeout, env, f"ddp_step ({world} ranks)", args, quiet=False)
 
 
 def launcher(o):

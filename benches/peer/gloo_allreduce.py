@@ -21,11 +21,10 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 
-from ranks import run_script, supervise
+from ranks import launch_on_store, run_script
 import warnings
 
 # torch warns at import when numpy is absent; numpy is not needed here.
@@ -71,22 +70,8 @@ def sizes(o):
 
 
 def launcher(o):
-    import torch.distributed as dist
-
-    # The launcher owns the store, so the port is known before any rank starts and no
-    # fixed port is assumed free.
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=o.timeout))
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    argv = [a for a in sys.argv[1:]]
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), *argv,
-             "--rank", str(r), "--store-port", str(store.port)],
-            env=env, stdout=None if r == 0 else subprocess.DEVNULL)
-        for r in range(o.ranks)
-    ]
-    return supervise(ranks, o.timeout, "gloo_allreduce")
+    return launch_on_store(__file__, o.ranks, o.timeout, env, "gloo_allreduce", sys.argv[1:])
 
 
 # The check pattern repeats every PERIOD elements: (7i + 3r) mod 64 is a permutation of

@@ -1,6 +1,10 @@
-"""Waiting on the rank processes of one peer-bench sweep, shared by gloo_allreduce.py and
-chorus_py_allreduce.py: every wait is bounded, and a failed or overdue rank ends the rest."""
+"""Starting and waiting on the rank processes of the peer-bench scripts (gloo_allreduce.py,
+chorus_py_allreduce.py, ddp_step.py, torch_layers.py): every wait is bounded, and a failed
+or overdue rank ends the rest."""
 
+import datetime
+import os
+import subprocess
 import sys
 import time
 
@@ -40,3 +44,23 @@ def run_script(argv, options, launcher, rank_main):
     if o.rank is None:
         return launcher(o)
     return rank_main(o)
+
+
+def launch_on_store(script, world, timeout, env, label, args, quiet=True):
+    """Runs ``world`` processes of ``script`` with ``args`` plus ``--rank R --store-port P``
+    around a torch ``TCPStore`` this process holds, and supervises them (see
+    :func:`supervise`). The store listens on an ephemeral loopback port, so the port is
+    known before any rank starts and no fixed port is assumed free. ``quiet``: only rank
+    0's stdout is kept. Returns the exit status."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(script), *args,
+             "--rank", str(r), "--store-port", str(store.port)],
+            env=env, stdout=None if r == 0 or not quiet else subprocess.DEVNULL)
+        for r in range(world)
+    ]
+    return supervise(ranks, timeout, label)

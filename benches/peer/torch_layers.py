@@ -25,12 +25,11 @@ import argparse
 import datetime
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 from gloo_allreduce import parse_size
-from ranks import run_script, supervise
+from ranks import launch_on_store, run_script
 
 LAYERS = ("dist", "backend", "extension")
 
@@ -54,20 +53,9 @@ def options(argv):
 
 
 def launcher(o):
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=o.timeout))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("CHORUS_TRANSPORT", "tcp")  # as the chorus (torch) column runs
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), *sys.argv[1:],
-             "--rank", str(r), "--store-port", str(store.port)],
-            env=env, stdout=None if r == 0 else subprocess.DEVNULL)
-        for r in range(o.ranks)
-    ]
-    return supervise(ranks, o.timeout, "torch_layers")
+    return launch_on_store(__file__, o.ranks, o.timeout, env, "torch_layers", sys.argv[1:])
 
 
 class Clocked:
@@ -83,9 +71,6 @@ class Clocked:
             return self.inner.all_reduce_now(*args)
         finally:
             self.inside_ns += time.thread_time_ns() - start
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def rank_main(o):
