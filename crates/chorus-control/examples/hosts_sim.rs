@@ -14,7 +14,8 @@
 //! a quorum): from the cut to each side's first verdict about the other. A healed
 //! partition heals the cut 50 ms after the last majority rank has installed the shrink (as
 //! the bed does once every survivor reports `shrunk`): from the heal to each minority rank's
-//! eviction. One-way loss has no model in the simulator and is left to the bed.
+//! eviction. One-way loss has a model in the simulator (`Partition::only_to`), checked by
+//! `tests/sim.rs` for the bed's scenario, but no row here yet.
 //!
 //! The healed partition is where the simulator and the bed parted most: here a minority
 //! rank's next frame after the heal (its heartbeat to its observer rank 0, at epoch 0)
@@ -196,6 +197,7 @@ fn cut(mut s: Scenario, at: Instant, heal: Option<Instant>) -> Scenario {
         hi: 6,
         from: at,
         until,
+        only_to: None,
     });
     s.shrink = Some(Duration::from_millis(1));
     s.end = s.end.max(until + s.config.deadline * 2);

@@ -1025,8 +1025,7 @@ impl Node {
     /// starts watching the new neighbours.
     fn install(&mut self, commit: Commit, plan: Plan, from: Option<Rank>, now: Instant) {
         let old_epoch = self.view.epoch();
-        let targets: Vec<Rank> = self.fingers.targets(from).collect();
-        for to in targets {
+        for to in self.commit_targets(from) {
             self.send(to, old_epoch, Message::Commit(commit.clone()));
         }
         self.history
@@ -1170,6 +1169,26 @@ impl Node {
 
     /// Recomputes observers, watches and fingers from the ledger and asks for connections
     /// to new neighbours.
+    /// Where a commit goes on from this member: its fingers on its view's ring (absent ranks
+    /// skipped, so the flood routes around the dead), and its fingers on the epoch's whole
+    /// ring as well. A rank declared absent after the value was chosen is kept by the commit
+    /// yet skipped by every view's fingers; a rank the commit removes may still be running
+    /// (one-way loss, a false suspicion). Both must hear the commit from somebody, or the
+    /// one waits for a membership that moved on without it until its own detector fires,
+    /// and the other learns it is out only if it speaks to a newer member. The whole
+    /// ring's fingers are at most log2 N more frames per member, only at an install.
+    fn commit_targets(&self, from: Option<Rank>) -> Vec<Rank> {
+        let mut targets: Vec<Rank> = self.fingers.targets(from).collect();
+        let nobody = BTreeSet::new();
+        let whole = Ring::new(self.view.world(), &nobody).fingers(self.view.rank());
+        for to in whole {
+            if Some(to) != from && !targets.contains(&to) {
+                targets.push(to);
+            }
+        }
+        targets
+    }
+
     fn reset_overlay(&mut self, now: Instant) {
         let me = self.view.rank();
         let ring = Ring::new(self.view.world(), self.ledger.absent());

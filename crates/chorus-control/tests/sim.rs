@@ -329,6 +329,7 @@ fn cut_off(seed: u64, ranks: u32, lo: u32, hi: u32) -> Scenario {
         hi,
         from: secs(2.0),
         until: s.end,
+        only_to: None,
     });
     s
 }
@@ -497,6 +498,69 @@ fn a_member_that_installs_an_epoch_late_is_not_declared_dead() {
             assert_eq!(
                 report.installed[proc as usize], 1,
                 "{replay}: proc {proc} is in the one shrink\n{report}"
+            );
+        }
+        assert_passed(scenario, &report);
+    }
+}
+
+/// One-way loss (the bed's scenario 3): processes 2 and 3 lose every frame to 4 and 5 from
+/// 2 s on, while every other direction flows, and every rank shrinks on an absence. The
+/// observers of 2 and 3 declare them at moments up to a heartbeat interval apart, so the
+/// first agreement may remove only one of them and keep the other, which meanwhile became
+/// absent in the installers' views; a second agreement then removes it. Whatever the order,
+/// it ends in one membership of 0, 1, 4 and 5 within two deadlines of the loss, and 2 and
+/// 3, alive all along, learn that they are out (evicted) by then: nobody is left waiting
+/// for its own detector to notice that the others moved on.
+#[test]
+fn one_way_loss_ends_in_one_membership_and_tells_the_ranks_left_out() {
+    for seed in 0..24u64 {
+        let mut scenario = Scenario::quiet(2300 + seed, 6);
+        scenario.config =
+            chorus_control::Config::from_timing(Duration::from_millis(100), Duration::from_secs(1));
+        scenario.shrink = Some(Duration::from_millis(5));
+        // The loss starts at a different phase of the heartbeats on every seed.
+        let at = secs(2.0) + Duration::from_millis(seed * 13);
+        scenario.end = secs(7.0);
+        scenario.net.partitions.push(sim::Partition {
+            lo: 2,
+            hi: 4,
+            from: at,
+            until: scenario.end,
+            only_to: Some(4..6),
+        });
+        if seed % 3 == 1 {
+            // Accepts reach the coordinator late: it chooses the value after it has learned
+            // of the second absence, so no installer sends the commit to the rank it keeps
+            // unless the flood goes past absences.
+            scenario.net.slow.push(sim::Slow {
+                to: 0,
+                kind: Kind::Accept,
+                extra: Duration::from_millis(150),
+            });
+        }
+        let report = sim::run(scenario.clone());
+        let replay = format!("seed {} ({})", scenario.seed, scenario.summary());
+        let bound = at + scenario.config.deadline * 2;
+        let last = report.final_epoch;
+        for proc in [0, 1, 4, 5] {
+            assert_eq!(
+                report.installed[proc], last,
+                "{replay}: proc {proc} is in the last membership\n{report}"
+            );
+            let installed = report.installed_at[proc].expect("installed");
+            assert!(
+                installed <= bound,
+                "{replay}: proc {proc} installed e{last} at {installed}, bound {bound}\n{report}"
+            );
+        }
+        for proc in [2, 3] {
+            let Some((evicted, _)) = report.evicted[proc] else {
+                panic!("{replay}: proc {proc} never learned it was left out\n{report}");
+            };
+            assert!(
+                evicted <= bound,
+                "{replay}: proc {proc} learned it was out at {evicted}, bound {bound}\n{report}"
             );
         }
         assert_passed(scenario, &report);

@@ -39,13 +39,16 @@ pub struct Slow {
 }
 
 /// Processes `lo..hi` (by their initial rank) are cut off from all others between `from`
-/// and `until`: frames sent across the cut in that window are lost.
+/// and `until`: frames sent across the cut in that window are lost. With `only_to`, the loss
+/// is one-way: only frames from `lo..hi` to the processes in `only_to` are lost, and every
+/// other direction flows (a firewall dropping one host's packets at another).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Partition {
     pub lo: u32,
     pub hi: u32,
     pub from: Instant,
     pub until: Instant,
+    pub only_to: Option<std::ops::Range<u32>>,
 }
 
 impl Partition {
@@ -58,8 +61,15 @@ impl Partition {
         (self.lo..self.hi).contains(&proc)
     }
 
+    /// Whether a frame (or a connection-level signal) from `a` to `b` sent at `at` is lost.
     fn cuts(&self, a: u32, b: u32, at: Instant) -> bool {
-        at >= self.from && at < self.until && self.inside(a) != self.inside(b)
+        if at < self.from || at >= self.until {
+            return false;
+        }
+        match &self.only_to {
+            Some(to) => self.inside(a) && to.contains(&b),
+            None => self.inside(a) != self.inside(b),
+        }
     }
 }
 
@@ -109,7 +119,7 @@ impl Net {
         Some(self.latency + self.extra(rng) + slow)
     }
 
-    /// Whether a partition separates `a` and `b` at `at` (then no frame and no
+    /// Whether a partition stops what `a` sends to `b` at `at` (then no frame and no
     /// connection-level signal crosses: a cut network carries no close either).
     pub(crate) fn cut(&self, a: u32, b: u32, at: Instant) -> bool {
         self.partitions.iter().any(|p| p.cuts(a, b, at))

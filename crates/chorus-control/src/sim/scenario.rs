@@ -179,6 +179,7 @@ impl Scenario {
                     hi: lo + len,
                     from: start,
                     until: start + dur,
+                    only_to: None,
                 });
             }
             _ => {
