@@ -174,12 +174,18 @@ impl Scenario {
                     d * 2 + Duration::from_micros(rng.below(2_000_000))
                 };
                 longest = longest.max(dur);
+                let hi = lo + len;
+                // Sometimes one-way: only what the cut-off side sends to the ranks below it
+                // (or above it) is lost.
+                let only_to = rng
+                    .chance(0.3)
+                    .then_some(if lo > 0 { 0..lo } else { hi..ranks });
                 s.net.partitions.push(Partition {
                     lo,
-                    hi: lo + len,
+                    hi,
                     from: start,
                     until: start + dur,
-                    only_to: None,
+                    only_to,
                 });
             }
             _ => {
