@@ -224,12 +224,18 @@ impl Job {
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr))
             .process_group(0);
-        // SAFETY: the closure runs between fork and exec and only calls prctl, which is
-        // async-signal-safe. A rank dies with the thread that started it, so a test that is
-        // killed outright still leaves no rank behind.
+        // SAFETY: the closure runs between fork and exec and only calls prctl and getppid,
+        // which are async-signal-safe. A rank dies with the thread that started it, so a
+        // test that is killed outright still leaves no rank behind; one whose test died
+        // before the signal was armed finds another parent and does not start.
+        let test = std::process::id() as libc::pid_t;
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+                if libc::getppid() != test {
+                    // ESRCH: the parent is gone. Nothing is allocated between fork and exec.
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
                 Ok(())
             });
         }

@@ -703,16 +703,24 @@ fn spawn_stdin_reader() -> Receiver<String> {
 
 /// Seed 000: a child that sleeps holding a copy of every descriptor this process has.
 fn fork_holder() {
+    // SAFETY: getpid cannot fail.
+    let rank = unsafe { libc::getpid() };
     // SAFETY: fork in a multi-threaded process; the child only calls async-signal-safe
-    // functions (prctl, sleep, _exit) before it ends.
+    // functions (prctl, getppid, sleep, _exit) before it ends.
     let pid = unsafe { libc::fork() };
     match pid {
         0 => {
             // SAFETY: async-signal-safe calls only (see above); `_exit` never returns. The
             // holder dies with its rank (like a DataLoader worker watching its parent), so
-            // a rank killed with its harness leaves nothing behind.
+            // a rank killed with its harness leaves nothing behind. A rank that died
+            // before the holder's first instruction ran (a loaded machine may not schedule
+            // a new child for milliseconds) sends no signal to a holder that asks after:
+            // then its parent is already someone else, and it leaves at once.
             unsafe {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+                if libc::getppid() != rank {
+                    libc::_exit(0)
+                }
                 libc::sleep(120);
                 libc::_exit(0)
             }
