@@ -1167,8 +1167,6 @@ impl Node {
     // -----------------------------------------------------------------------------------
     // Helpers
 
-    /// Recomputes observers, watches and fingers from the ledger and asks for connections
-    /// to new neighbours.
     /// Where a commit goes on from this member: its fingers on its view's ring (absent ranks
     /// skipped, so the flood routes around the dead), and its fingers on the epoch's whole
     /// ring as well. A rank declared absent after the value was chosen is kept by the commit
@@ -1189,6 +1187,8 @@ impl Node {
         targets
     }
 
+    /// Recomputes observers, watches and fingers from the ledger and asks for connections
+    /// to new neighbours.
     fn reset_overlay(&mut self, now: Instant) {
         let me = self.view.rank();
         let ring = Ring::new(self.view.world(), self.ledger.absent());
