@@ -17,6 +17,9 @@ rounds): the Python and C++ the layer adds. Compared with the same layers timed 
 its caches go cold between calls. The CPU clock is read around each extension call (about
 0.2 µs, the same for every layer).
 
+Every layer's result is checked once per round (every rank's rank + 1, summed); a wrong
+element makes the job exit 1.
+
 The launcher (this process) holds the rendezvous store and starts N rank processes of this
 same file; every collective has a timeout and the launcher a deadline of its own.
 """
@@ -102,6 +105,11 @@ def rank_main(o):
     }
     times = {layer: [] for layer in LAYERS}
     outside = {layer: [] for layer in LAYERS}
+    # The timed calls sum zeros (so repeated in-place sums stay bounded); after each timed
+    # loop one more call per layer sums every rank's rank + 1, which must give
+    # world (world + 1) / 2 in every element, exact in float32.
+    expected = world * (world + 1) // 2
+    wrong = 0
     for _ in range(o.rounds):
         for layer in LAYERS:
             call = calls[layer]
@@ -120,8 +128,11 @@ def rank_main(o):
             dist.all_reduce(per_call)
             times[layer].append(per_call.item() / world * 1e6)
             outside[layer].append((cpu - clocked.inside_ns) / o.iters / 1e3)
-    # Every call summed zeros: anything else is a wrong result.
-    wrong = torch.tensor([int((t != 0).sum())], dtype=torch.int64)
+            t.fill_(dist.get_rank() + 1)
+            call()
+            wrong += int((t != expected).sum())
+            t.zero_()
+    wrong = torch.tensor([wrong], dtype=torch.int64)
     dist.all_reduce(wrong)
     if dist.get_rank() == 0:
         print(f"# {world} ranks, {o.bytes} B, {o.rounds} rounds of {o.warmup} + {o.iters} calls, "
