@@ -330,7 +330,7 @@ impl ShmLink {
         }
         let total = CHUNK_PREFIX_LEN + data.len();
         let mut producer = s.producer.lock();
-        if s.room(&producer)? < total {
+        if !s.fits(&mut producer, total)? {
             return None;
         }
         let numbered = match out.number_len(&s.matcher, tag, data.len()) {

@@ -262,11 +262,18 @@ impl Consumer {
     }
 }
 
-/// The producing end of one ring: its tail, kept here.
+/// The producing end of one ring: its tail, kept here, and the consumer's head as last read.
+///
+/// The consumer's head only moves forward, so the room the last head read leaves is never
+/// more than the room there is: a writer that finds enough room by it need not read the
+/// shared head again. That read is a cache miss on every small frame (the consumer has just
+/// written the line), so the writer skips it until the room it knows of runs short.
 #[derive(Clone, Debug)]
 pub struct Producer {
     tail: u64,
     capacity: u64,
+    /// The consumer's head as last read and checked (`tail - seen <= capacity`).
+    seen: u64,
 }
 
 impl Producer {
@@ -274,6 +281,7 @@ impl Producer {
         Producer {
             tail: 0,
             capacity: layout.capacity,
+            seen: 0,
         }
     }
 
@@ -281,9 +289,10 @@ impl Producer {
         self.tail
     }
 
-    /// The free bytes `head` (the consumer's index, read once) leaves, at most `max`. A
-    /// head ahead of the tail or more than a ring behind it is an error.
-    pub fn writable(&self, head: u64, max: usize) -> Result<Spans, RingError> {
+    /// The free bytes `head` (the consumer's index, read once) leaves, at most `max`; the
+    /// head is kept as the last one seen. A head ahead of the tail or more than a ring
+    /// behind it is an error, and is not kept.
+    pub fn writable(&mut self, head: u64, max: usize) -> Result<Spans, RingError> {
         let used = self.tail.wrapping_sub(head);
         if used > self.capacity {
             return Err(RingError::Index {
@@ -292,8 +301,15 @@ impl Producer {
                 high: self.tail,
             });
         }
-        let free = self.capacity - used;
-        Ok(spans(self.tail, free.min(max as u64), self.capacity))
+        self.seen = head;
+        Ok(self.writable_seen(max))
+    }
+
+    /// The free bytes the last head seen leaves, at most `max`: no more than the ring has
+    /// free now, since a head only advances.
+    pub fn writable_seen(&self, max: usize) -> Spans {
+        let free = self.capacity.saturating_sub(self.tail.wrapping_sub(self.seen));
+        spans(self.tail, free.min(max as u64), self.capacity)
     }
 
     /// Whether the consumer at `head` has taken everything written.
@@ -424,11 +440,31 @@ mod tests {
     }
 
     #[test]
+    fn the_room_by_the_last_head_seen_never_exceeds_the_room_there_is() {
+        let l = layout();
+        let (mut p, mut c) = (Producer::new(&l), Consumer::new(&l));
+        assert_eq!(p.writable_seen(usize::MAX).len(), 4096, "empty ring, head 0");
+        let tail = p.produce(4000);
+        assert_eq!(p.writable_seen(usize::MAX).len(), 96);
+        c.consume(c.readable(tail, usize::MAX).unwrap().len());
+        assert_eq!(p.writable_seen(usize::MAX).len(), 96, "the head moved unseen");
+        assert_eq!(p.writable(c.head(), usize::MAX).unwrap().len(), 4096);
+        assert_eq!(p.writable_seen(usize::MAX).len(), 4096, "and is seen now");
+        assert!(p.writable(c.head() + 1, 1).is_err());
+        assert_eq!(
+            p.writable_seen(usize::MAX).len(),
+            4096,
+            "a head out of range is not kept"
+        );
+    }
+
+    #[test]
     fn indices_wrap_around_u64_without_error() {
         let l = layout();
         let mut p = Producer::new(&l);
         let mut c = Consumer::new(&l);
         p.tail = u64::MAX - 100;
+        p.seen = p.tail;
         c.head = u64::MAX - 100;
         let tail = p.produce(1000);
         let r = c.readable(tail, usize::MAX).unwrap();

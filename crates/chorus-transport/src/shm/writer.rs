@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use chorus_engine::link::LinkError;
 use chorus_protocol::CloseCode;
 
-use super::ring::Producer;
+use super::ring::{Producer, Spans};
 use super::shared::Shared;
 
 /// Bytes copied in before the tail is published: small enough that the consumer starts
@@ -47,13 +47,7 @@ impl Shared {
         let me = self.me;
         for mut part in parts {
             while !part.is_empty() {
-                let head = self.head(me).load(Ordering::Acquire);
-                let spans = producer
-                    .writable(head, part.len().min(PIECE))
-                    .map_err(|e| LinkError::Protocol {
-                        code: CloseCode::PROTOCOL_VIOLATION,
-                        detail: format!("shm ring: {e}"),
-                    })?;
+                let spans = self.writable(producer, part.len().min(PIECE))?;
                 if spans.is_empty() {
                     return Ok(());
                 }
@@ -73,18 +67,34 @@ impl Shared {
         Ok(())
     }
 
+    /// Room for `want` bytes (or as many as there are, if fewer): by the head last seen
+    /// when that leaves enough, else by the peer's head read now. A head the peer moved out
+    /// of range is a protocol violation.
+    fn writable(&self, producer: &mut Producer, want: usize) -> Result<Spans, LinkError> {
+        let seen = producer.writable_seen(want);
+        if seen.len() == want {
+            return Ok(seen);
+        }
+        let head = self.head(self.me).load(Ordering::Acquire);
+        producer
+            .writable(head, want)
+            .map_err(|e| LinkError::Protocol {
+                code: CloseCode::PROTOCOL_VIOLATION,
+                detail: format!("shm ring: {e}"),
+            })
+    }
+
     /// Whether the peer has taken everything we wrote.
     pub(super) fn ring_drained(&self) -> bool {
         let head = self.head(self.me).load(Ordering::Acquire);
         self.producer.lock().is_drained(head)
     }
 
-    /// The bytes our ring has room for now (it only grows while `producer`'s lock is
-    /// held); `None` when the peer's head is out of range (the write path reports that).
-    pub(super) fn room(&self, producer: &Producer) -> Option<usize> {
-        let head = self.head(self.me).load(Ordering::Acquire);
-        let spans = producer.writable(head, usize::MAX).ok()?;
-        Some(spans.len())
+    /// Whether our ring has room for `n` bytes now (the room only grows while `producer`'s
+    /// lock is held); `None` when the peer's head is out of range (the write path reports
+    /// that).
+    pub(super) fn fits(&self, producer: &mut Producer, n: usize) -> Option<bool> {
+        Some(self.writable(producer, n).ok()?.len() == n)
     }
 
     /// Whether our ring has room for at least one byte.
