@@ -17,19 +17,27 @@
 //! Threads of one process stand in for two processes: `process_vm_readv` on our own pid
 //! takes the same kernel path (pin the remote pages, copy), and the ring is the same bytes.
 //!
-//! Measured 2026-12-01 on the project's 2-core AMD EPYC VM (Linux 6.18, load average ~20
-//! from other builds), medians of one run, one direction:
+//! Measured twice on the project's 2-core AMD EPYC VM (Linux 6.18), medians of one run, one
+//! direction. First on 2026-12-01, with a load average of ~20 from other builds; again on
+//! 2026-12-05 at 18:00 UTC, with nothing else running (load average ~1):
 //!
-//! | size | ring | cma |
-//! |---:|---:|---:|
-//! | 64 KiB | 53 µs (1.14 GiB/s) | 252 µs (0.24 GiB/s) |
-//! | 256 KiB | 158 µs (1.54 GiB/s) | 1.36 ms (0.18 GiB/s) |
-//! | 1 MiB | 0.86 ms (1.13 GiB/s) | 4.03 ms (0.24 GiB/s) |
-//! | 16 MiB | 15.9 ms (1.00 GiB/s) | 113 ms (0.14 GiB/s) |
+//! | size | ring, loaded | cma, loaded | ring, quiet | cma, quiet |
+//! |---:|---:|---:|---:|---:|
+//! | 64 KiB | 53 µs (1.14 GiB/s) | 252 µs (0.24 GiB/s) | 25.6 µs (2.38 GiB/s) | 6.7 µs (9.17 GiB/s) |
+//! | 256 KiB | 158 µs (1.54 GiB/s) | 1.36 ms (0.18 GiB/s) | 101 µs (2.43 GiB/s) | 20.6 µs (11.9 GiB/s) |
+//! | 1 MiB | 0.86 ms (1.13 GiB/s) | 4.03 ms (0.24 GiB/s) | 415 µs (2.35 GiB/s) | 84 µs (11.6 GiB/s) |
+//! | 16 MiB | 15.9 ms (1.00 GiB/s) | 113 ms (0.14 GiB/s) | 2.74 ms (5.71 GiB/s) | 3.10 ms (5.04 GiB/s) |
 //!
-//! The single copy lost at every size, by 4–7×: the kernel's page pinning costs more here
-//! than the second copy it saves. So the shm link keeps the pipelined ring for all sizes
-//! (see `chorus_transport::shm`); rerun this where the choice is made again.
+//! The two runs disagree. Loaded, the single copy lost by 4–7× (the kernel's page pinning
+//! waits on a crowded machine far longer than a copy does), and the shm link kept the
+//! pipelined ring for all sizes on that evidence (see `chorus_transport::shm`). Quiet, it
+//! wins by 3.9–4.9× from 64 KiB to 1 MiB and loses by 12 % at 16 MiB, where the two
+//! buffers no longer fit in the cache. Open MPI's own switch agrees with the quiet run:
+//! its 4-rank shared-memory all-reduce of 2 MiB took 698–743 µs with its default
+//! single-copy mechanism (CMA) and 1078–1106 µs with `--mca
+//! btl_vader_single_copy_mechanism none`, two interleaved rounds each, the same as
+//! chorus's ring. A single copy for large frames is therefore worth building, with the
+//! ring kept for a crowded machine; rerun this where the choice is made again.
 
 #![allow(
     clippy::unwrap_used,
