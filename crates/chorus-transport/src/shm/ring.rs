@@ -308,7 +308,9 @@ impl Producer {
     /// The free bytes the last head seen leaves, at most `max`: no more than the ring has
     /// free now, since a head only advances.
     pub fn writable_seen(&self, max: usize) -> Spans {
-        let free = self.capacity.saturating_sub(self.tail.wrapping_sub(self.seen));
+        let free = self
+            .capacity
+            .saturating_sub(self.tail.wrapping_sub(self.seen));
         spans(self.tail, free.min(max as u64), self.capacity)
     }
 
@@ -443,11 +445,19 @@ mod tests {
     fn the_room_by_the_last_head_seen_never_exceeds_the_room_there_is() {
         let l = layout();
         let (mut p, mut c) = (Producer::new(&l), Consumer::new(&l));
-        assert_eq!(p.writable_seen(usize::MAX).len(), 4096, "empty ring, head 0");
+        assert_eq!(
+            p.writable_seen(usize::MAX).len(),
+            4096,
+            "empty ring, head 0"
+        );
         let tail = p.produce(4000);
         assert_eq!(p.writable_seen(usize::MAX).len(), 96);
         c.consume(c.readable(tail, usize::MAX).unwrap().len());
-        assert_eq!(p.writable_seen(usize::MAX).len(), 96, "the head moved unseen");
+        assert_eq!(
+            p.writable_seen(usize::MAX).len(),
+            96,
+            "the head moved unseen"
+        );
         assert_eq!(p.writable(c.head(), usize::MAX).unwrap().len(), 4096);
         assert_eq!(p.writable_seen(usize::MAX).len(), 4096, "and is seen now");
         assert!(p.writable(c.head() + 1, 1).is_err());
