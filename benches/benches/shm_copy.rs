@@ -17,27 +17,33 @@
 //! Threads of one process stand in for two processes: `process_vm_readv` on our own pid
 //! takes the same kernel path (pin the remote pages, copy), and the ring is the same bytes.
 //!
-//! Measured twice on the project's 2-core AMD EPYC VM (Linux 6.18), medians of one run, one
-//! direction. First on 2026-12-01, with a load average of ~20 from other builds; again on
-//! 2026-12-05 at 18:00 UTC, with nothing else running (load average ~1):
+//! Each size runs twice: with a `cold` source (written once, so the receiver never waits on
+//! the sender's core for it) and a `hot` one (rewritten before each message, as an
+//! all-reduce's sender has just reduced what it sends). The sender and the receiver are
+//! pinned to different CPUs, as two ranks on an idle machine run.
 //!
-//! | size | ring, loaded | cma, loaded | ring, quiet | cma, quiet |
+//! Measured 2026-12-05 at 18:20 UTC on the project's 2-core AMD EPYC VM (Linux 6.18, load
+//! average ~1), medians of one run, one direction:
+//!
+//! | size | ring, cold | cma, cold | ring, hot | cma, hot |
 //! |---:|---:|---:|---:|---:|
-//! | 64 KiB | 53 µs (1.14 GiB/s) | 252 µs (0.24 GiB/s) | 25.6 µs (2.38 GiB/s) | 6.7 µs (9.17 GiB/s) |
-//! | 256 KiB | 158 µs (1.54 GiB/s) | 1.36 ms (0.18 GiB/s) | 101 µs (2.43 GiB/s) | 20.6 µs (11.9 GiB/s) |
-//! | 1 MiB | 0.86 ms (1.13 GiB/s) | 4.03 ms (0.24 GiB/s) | 415 µs (2.35 GiB/s) | 84 µs (11.6 GiB/s) |
-//! | 16 MiB | 15.9 ms (1.00 GiB/s) | 113 ms (0.14 GiB/s) | 2.74 ms (5.71 GiB/s) | 3.10 ms (5.04 GiB/s) |
+//! | 64 KiB | 3.2 µs (19.3 GiB/s) | 12.1 µs (5.05 GiB/s) | 3.7 µs (16.3 GiB/s) | 12.8 µs (4.78 GiB/s) |
+//! | 256 KiB | 12.3 µs (19.8 GiB/s) | 26.2 µs (9.32 GiB/s) | 14.7 µs (16.6 GiB/s) | 31.4 µs (7.77 GiB/s) |
+//! | 1 MiB | 48.9 µs (20.0 GiB/s) | 90.1 µs (10.8 GiB/s) | 60.2 µs (16.2 GiB/s) | 96.9 µs (10.1 GiB/s) |
+//! | 16 MiB | 1.54 ms (10.1 GiB/s) | 3.23 ms (4.84 GiB/s) | 2.13 ms (7.32 GiB/s) | 3.54 ms (4.42 GiB/s) |
 //!
-//! The two runs disagree. Loaded, the single copy lost by 4–7× (the kernel's page pinning
-//! waits on a crowded machine far longer than a copy does), and the shm link kept the
-//! pipelined ring for all sizes on that evidence (see `chorus_transport::shm`). Quiet, it
-//! wins by 3.9–4.9× from 64 KiB to 1 MiB and loses by 12 % at 16 MiB, where the two
-//! buffers no longer fit in the cache. Open MPI's own switch agrees with the quiet run:
-//! its 4-rank shared-memory all-reduce of 2 MiB took 698–743 µs with its default
-//! single-copy mechanism (CMA) and 1078–1106 µs with `--mca
-//! btl_vader_single_copy_mechanism none`, two interleaved rounds each, the same as
-//! chorus's ring. A single copy for large frames is therefore worth building, with the
-//! ring kept for a crowded machine; rerun this where the choice is made again.
+//! On two cores of its own each, the pipelined ring wins at every size, by 1.6–3.8×: both
+//! cores copy at once, and the kernel's page pinning costs more than the second copy saves.
+//! Earlier runs without pinning (2026-12-01 under a load average of ~20, where the single
+//! copy lost by 4–7×, and 2026-12-05 quiet, where it won by 4–5×) measured mostly where
+//! the scheduler put the two threads, and are not kept.
+//!
+//! The single copy does halve the CPU work per byte, which is what counts when ranks
+//! outnumber cores: Open MPI's 4-rank shared-memory all-reduce of 2 MiB on this 2-core
+//! machine took 698–743 µs with its default single-copy mechanism (CMA) and 1078–1106 µs
+//! with `--mca btl_vader_single_copy_mechanism none` (two interleaved rounds each), the
+//! latter the same as chorus's ring (1218–1263 µs in the same hour). That is the case a
+//! single copy would be for; rerun this where the choice is made again.
 
 #![allow(
     clippy::unwrap_used,
@@ -74,6 +80,20 @@ impl Shared {
     }
 }
 
+/// Pins the calling thread to CPU `cpu` (modulo the CPUs there are). The sender and the
+/// receiver are pinned to different CPUs, as two ranks on an idle machine run: left to the
+/// scheduler, two threads of one process often share a core, where every copy stays in one
+/// cache and the figures swing by 10× from one run to the next.
+fn pin_to(cpu: usize) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the calls only read it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu % cpus, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// Waits for `cond`, spinning a little and then yielding (the machine may be crowded).
 fn wait_until(cond: impl Fn() -> bool) {
     let mut tries = 0u32;
@@ -89,16 +109,21 @@ fn wait_until(cond: impl Fn() -> bool) {
 
 /// `iters` messages of `size` bytes through the ring; the time from the first byte in to
 /// the last byte out of each, summed.
-fn ring(iters: u64, size: usize) -> Duration {
+fn ring(iters: u64, size: usize, source: Source) -> Duration {
     let ring = Shared::new(CAPACITY, 0);
     let (head, tail) = (AtomicU64::new(0), AtomicU64::new(0));
-    let src = vec![7u8; size];
+    let mut src = vec![7u8; size];
     let mut dst = vec![0u8; size];
     let start = Instant::now();
     std::thread::scope(|s| {
+        pin_to(1);
         s.spawn(|| {
+            pin_to(0);
             let mut t = 0u64;
-            for _ in 0..iters {
+            for i in 0..iters {
+                if source == Source::Hot {
+                    src.fill(source.byte(i));
+                }
                 let mut sent = 0;
                 while sent < size {
                     let free = CAPACITY - (t - head.load(Ordering::Acquire)) as usize;
@@ -133,7 +158,8 @@ fn ring(iters: u64, size: usize) -> Duration {
             }
         }
     });
-    assert!(dst.iter().all(|&b| b == 7));
+    let last = source.byte(iters - 1);
+    assert!(dst.iter().all(|&b| b == last));
     start.elapsed()
 }
 
@@ -159,15 +185,22 @@ fn copy_out(ring: &Shared, at: u64, out: &mut [u8]) {
 
 /// `iters` messages of `size` bytes by `process_vm_readv` from the sender's buffer, each
 /// acknowledged before the sender may reuse it.
-fn cma(iters: u64, size: usize) -> Duration {
+fn cma(iters: u64, size: usize, source: Source) -> Duration {
     let src = Shared::new(size, 7);
     let (posted, taken) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let mut dst = vec![0u8; size];
     let pid = std::process::id() as libc::pid_t;
     let start = Instant::now();
     std::thread::scope(|s| {
+        pin_to(1);
         s.spawn(|| {
+            pin_to(0);
             for i in 1..=iters as usize {
+                if source == Source::Hot {
+                    // SAFETY: the receiver acknowledged the previous message, so the buffer
+                    // is the sender's alone until it posts this one.
+                    unsafe { std::ptr::write_bytes(src.ptr(), source.byte(i as u64 - 1), size) };
+                }
                 posted.store(i, Ordering::Release);
                 wait_until(|| taken.load(Ordering::Acquire) == i);
             }
@@ -189,21 +222,53 @@ fn cma(iters: u64, size: usize) -> Duration {
             taken.store(i, Ordering::Release);
         }
     });
-    assert!(dst.iter().all(|&b| b == 7));
+    let last = source.byte(iters - 1);
+    assert!(dst.iter().all(|&b| b == last));
     start.elapsed()
+}
+
+/// Where the sender's bytes are when a message starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Written once before the run: clean in every cache, so the receiver's reads never wait
+    /// on the sender's core.
+    Cold,
+    /// Rewritten by the sender before each message, as an all-reduce's sender has just
+    /// reduced what it sends: the receiver's reads pull modified lines from the other core.
+    Hot,
+}
+
+impl Source {
+    /// The byte every position of message `i` holds.
+    fn byte(self, i: u64) -> u8 {
+        match self {
+            Source::Cold => 7,
+            Source::Hot => (i % 251) as u8 + 1,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Source::Cold => "cold",
+            Source::Hot => "hot",
+        }
+    }
 }
 
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("shm_copy");
     g.sample_size(20).measurement_time(Duration::from_secs(3));
-    for size in SIZES {
-        g.throughput(Throughput::Bytes(size as u64));
-        g.bench_with_input(BenchmarkId::new("ring", size), &size, |b, &n| {
-            b.iter_custom(|iters| ring(iters, n));
-        });
-        g.bench_with_input(BenchmarkId::new("cma", size), &size, |b, &n| {
-            b.iter_custom(|iters| cma(iters, n));
-        });
+    for source in [Source::Cold, Source::Hot] {
+        for size in SIZES {
+            g.throughput(Throughput::Bytes(size as u64));
+            let id = |path: &str| BenchmarkId::new(format!("{path}/{}", source.name()), size);
+            g.bench_with_input(id("ring"), &size, |b, &n| {
+                b.iter_custom(|iters| ring(iters, n, source));
+            });
+            g.bench_with_input(id("cma"), &size, |b, &n| {
+                b.iter_custom(|iters| cma(iters, n, source));
+            });
+        }
     }
     g.finish();
 }

@@ -11,14 +11,14 @@
 //!
 //! Large frames go through the ring too, pipelined in pieces, rather than by a single copy
 //! from the peer's memory (`process_vm_readv`, Open MPI's CMA path). Measured side by side
-//! (`cargo bench -p chorus-benches --bench shm_copy`, figures in that file), the single copy
-//! was 4–7× slower from 64 KiB to 16 MiB on a heavily loaded machine, but 3.9–4.9× faster
-//! from 64 KiB to 1 MiB on the same machine quiet, which is where Open MPI's 4-rank
-//! all-reduce of 1–4 MiB gets ahead of this ring. It is not built yet: it needs the sender's
-//! buffer to stay put until the receiver has read it, so a send of one would complete only
-//! on the receiver's acknowledgement, and an abort would have to withdraw the buffer in a
-//! way the receiver checks after its copy (a copy that raced the withdrawal is discarded,
-//! never delivered).
+//! with sender and receiver on separate cores (`cargo bench -p chorus-benches --bench
+//! shm_copy`, figures in that file), the ring is 1.6–3.8× faster from 64 KiB to 16 MiB. A
+//! single copy halves the CPU work per byte, though, which is what counts when ranks
+//! outnumber cores: that is where Open MPI's 4-rank all-reduce of 1–4 MiB on a 2-core
+//! machine gets ahead of this ring. It is not built: a send of one would complete only on
+//! the receiver's acknowledgement (the sender's buffer must stay put until read), and an
+//! abort would have to withdraw the buffer in a way the receiver checks after its copy (a
+//! copy that raced the withdrawal is discarded, never delivered).
 
 mod futex;
 mod link;
