@@ -22,28 +22,36 @@
 //! all-reduce's sender has just reduced what it sends). The sender and the receiver are
 //! pinned to different CPUs, as two ranks on an idle machine run.
 //!
-//! Measured 2026-12-05 at 18:20 UTC on the project's 2-core AMD EPYC VM (Linux 6.18, load
-//! average ~1), medians of one run, one direction:
+//! On this project's 2-core AMD EPYC VM (Linux 6.18) the comparison does not hold still.
+//! Two runs of the whole bench on 2026-12-05, three minutes apart (19:18 and 19:21 UTC,
+//! load average ~1.7, nothing else running), medians, one direction:
 //!
 //! | size | ring, cold | cma, cold | ring, hot | cma, hot |
 //! |---:|---:|---:|---:|---:|
-//! | 64 KiB | 3.2 µs (19.3 GiB/s) | 12.1 µs (5.05 GiB/s) | 3.7 µs (16.3 GiB/s) | 12.8 µs (4.78 GiB/s) |
-//! | 256 KiB | 12.3 µs (19.8 GiB/s) | 26.2 µs (9.32 GiB/s) | 14.7 µs (16.6 GiB/s) | 31.4 µs (7.77 GiB/s) |
-//! | 1 MiB | 48.9 µs (20.0 GiB/s) | 90.1 µs (10.8 GiB/s) | 60.2 µs (16.2 GiB/s) | 96.9 µs (10.1 GiB/s) |
-//! | 16 MiB | 1.54 ms (10.1 GiB/s) | 3.23 ms (4.84 GiB/s) | 2.13 ms (7.32 GiB/s) | 3.54 ms (4.42 GiB/s) |
+//! | 64 KiB | 1.7 / 11.4 µs | 6.1 / 6.4 µs | 2.3 / 22.8 µs | 14.9 / 42.5 µs |
+//! | 256 KiB | 6.7 / 39.9 µs | 20.4 / 21.6 µs | 43.1 / 9.4 µs | 157 / 52.2 µs |
+//! | 1 MiB | 30.7 / 152 µs | 83.1 / 83.5 µs | 429 / 43.3 µs | 601 / 605 µs |
+//! | 16 MiB | 1.63 / 2.78 ms | 3.60 / 3.82 ms | 2.14 / 2.74 ms | 4.69 / 4.70 ms |
 //!
-//! On two cores of its own each, the pipelined ring wins at every size, by 1.6–3.8×: both
-//! cores copy at once, and the kernel's page pinning costs more than the second copy saves.
-//! Earlier runs without pinning (2026-12-01 under a load average of ~20, where the single
-//! copy lost by 4–7×, and 2026-12-05 quiet, where it won by 4–5×) measured mostly where
-//! the scheduler put the two threads, and are not kept.
+//! With a cold source the single copy's times repeat within 6 % and the ring's move by up
+//! to 6.7×: the single copy won by 1.8× up to 1 MiB in the second run (and lost by 1.4× at
+//! 16 MiB), and lost by 2.2–3.6× at every size in the first. With a hot source both move
+//! (the ring's by up to 10×, the single copy's by up to 3×). Pinning did not remove the
+//! swing. Presumably the VM's two CPUs do not keep the same place on the host's cores (the
+//! ring's copies are cross-core traffic, a single copy mostly is not), but nothing here
+//! shows it. Earlier figures (2026-12-01 under a
+//! load average of ~20; 2026-12-05 18:00 and 18:20 UTC) are not kept: the first two ran
+//! unpinned, and the third pinned both threads to one CPU from the second measurement on
+//! (the CPU count it used, `available_parallelism`, shrank to one once the measuring
+//! thread was pinned).
 //!
-//! The single copy does halve the CPU work per byte, which is what counts when ranks
-//! outnumber cores: Open MPI's 4-rank shared-memory all-reduce of 2 MiB on this 2-core
-//! machine took 698–743 µs with its default single-copy mechanism (CMA) and 1078–1106 µs
-//! with `--mca btl_vader_single_copy_mechanism none` (two interleaved rounds each), the
-//! latter the same as chorus's ring (1218–1263 µs in the same hour). That is the case a
-//! single copy would be for; rerun this where the choice is made again.
+//! What does decide on this machine is a real job. Open MPI's 4-rank shared-memory
+//! all-reduce of 2 MiB here took 698–743 µs with its default single-copy mechanism (CMA)
+//! and 1078–1106 µs with `--mca btl_vader_single_copy_mechanism none` (two interleaved
+//! rounds each), the latter the same as chorus's ring (1218–1263 µs in the same hour). A
+//! single copy halves the CPU work per byte, which is what counts when ranks outnumber
+//! cores; that is the case it would be built for. Rerun this where the choice is made
+//! again, twice.
 
 #![allow(
     clippy::unwrap_used,
@@ -51,6 +59,7 @@
 )]
 
 use std::cell::UnsafeCell;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -84,13 +93,40 @@ impl Shared {
 /// receiver are pinned to different CPUs, as two ranks on an idle machine run: left to the
 /// scheduler, two threads of one process often share a core, where every copy stays in one
 /// cache and the figures swing by 10× from one run to the next.
+///
+/// The CPUs counted are those the process could run on before the first pin (so a cpuset
+/// that excludes CPU 0 still gets two of its own, and a thread already pinned does not
+/// narrow the choice); a failed pin fails the run rather than measure unpinned.
 fn pin_to(cpu: usize) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the calls only read it.
+    static ALLOWED: OnceLock<Vec<usize>> = OnceLock::new();
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    let ids = ALLOWED.get_or_init(|| {
+        // SAFETY: a zeroed `cpu_set_t` is a valid empty set, `size` bytes long, which the
+        // call fills.
+        let allowed = unsafe {
+            let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, size, &mut allowed),
+                0,
+                "sched_getaffinity"
+            );
+            allowed
+        };
+        (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: `i` is below the set's size.
+            .filter(|&i| unsafe { libc::CPU_ISSET(i, &allowed) })
+            .collect()
+    });
+    // SAFETY: as above; the call only reads the set.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu % cpus, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        libc::CPU_SET(ids[cpu % ids.len()], &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size, &set),
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

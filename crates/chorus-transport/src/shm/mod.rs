@@ -10,15 +10,16 @@
 //! `SO_PEERCRED` named, a frozen one by the runtime's heartbeat deadline.
 //!
 //! Large frames go through the ring too, pipelined in pieces, rather than by a single copy
-//! from the peer's memory (`process_vm_readv`, Open MPI's CMA path). Measured side by side
-//! with sender and receiver on separate cores (`cargo bench -p chorus-benches --bench
-//! shm_copy`, figures in that file), the ring is 1.6–3.8× faster from 64 KiB to 16 MiB. A
-//! single copy halves the CPU work per byte, though, which is what counts when ranks
-//! outnumber cores: that is where Open MPI's 4-rank all-reduce of 1–4 MiB on a 2-core
-//! machine gets ahead of this ring. It is not built: a send of one would complete only on
-//! the receiver's acknowledgement (the sender's buffer must stay put until read), and an
-//! abort would have to withdraw the buffer in a way the receiver checks after its copy (a
-//! copy that raced the withdrawal is discarded, never delivered).
+//! from the peer's memory (`process_vm_readv`, Open MPI's CMA path). Threads side by side
+//! (`cargo bench -p chorus-benches --bench shm_copy`, figures in that file) do not settle it
+//! on this project's VM: the ring's times move by up to 10× between runs minutes apart, and
+//! the winner with them. A real job does: Open MPI's 4-rank all-reduce of 2–4 MiB on the
+//! 2-core machine gets ahead of this ring with its CMA path and not without it, since a
+//! single copy halves the CPU work per byte when ranks outnumber cores. It is not built: a
+//! send of one would complete only on the receiver's acknowledgement (the sender's buffer
+//! must stay put until read), and an abort would have to withdraw the buffer in a way the
+//! receiver checks after its copy (a copy that raced the withdrawal is discarded, never
+//! delivered).
 
 mod futex;
 mod link;
