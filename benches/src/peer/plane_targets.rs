@@ -47,26 +47,29 @@ pub(crate) fn targets(
     }));
     if ranks == 2
         && let Some(limit) = memcpy
-        && let Some(st) = rows
-            .iter()
-            .find(|r| r.size == MEMCPY_AT)
-            .and_then(|r| in_place(&r.cells, shm))
     {
-        let share = st.busbw_gbs / limit.gbs;
-        targets.push(Target {
-            what: format!(
-                "{} {MEMCPY_AT} bus bandwidth ≥ 50 % of memcpy ({})",
-                shm.label(),
-                limit.size
-            ),
-            met: share >= 0.5,
-            detail: format!(
-                "{:.2} GB/s of {:.2} GB/s ({:.0} %)",
-                st.busbw_gbs,
-                limit.gbs,
-                share * 100.0
-            ),
-        });
+        let points: Vec<(Bytes, f64)> = rows
+            .iter()
+            .filter_map(|r| Some((r.size, in_place(&r.cells, shm)?.busbw_gbs)))
+            .collect();
+        if let Some(judged) = judged_at(&points, MEMCPY_AT) {
+            let share = judged.busbw_gbs / limit.gbs;
+            targets.push(Target {
+                what: format!(
+                    "{} {MEMCPY_AT} bus bandwidth ≥ 50 % of memcpy ({})",
+                    shm.label(),
+                    limit.size
+                ),
+                met: share >= 0.5,
+                detail: format!(
+                    "{:.2} GB/s of {:.2} GB/s ({:.0} %){}",
+                    judged.busbw_gbs,
+                    limit.gbs,
+                    share * 100.0,
+                    judged.note()
+                ),
+            });
+        }
     }
     targets.extend(bandwidth(
         rows,
@@ -77,6 +80,45 @@ pub(crate) fn targets(
         |s| s >= TARGET_FROM,
     ));
     targets
+}
+
+/// What a size target is judged by: the size itself when the sweep has it, else the worse
+/// of the two sizes around it (the full sweep's ×4 steps from 8 B pass 16 MiB by, at 8 and
+/// 32 MiB), so that the target is still judged, and never by a figure kinder than both.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Judged {
+    busbw_gbs: f64,
+    /// The sizes around the asked one, when it was not measured.
+    between: Option<(Bytes, Bytes)>,
+}
+
+impl Judged {
+    /// How the detail says that the size was bracketed.
+    fn note(&self) -> String {
+        match self.between {
+            None => String::new(),
+            Some((below, above)) => {
+                format!("; the sweep has no such size: the worse of {below} and {above}")
+            }
+        }
+    }
+}
+
+/// The bus bandwidth (of `points`: size and GB/s) to judge a target stated at `at` by;
+/// `None` when the sweep neither has `at` nor sizes on both sides of it.
+fn judged_at(points: &[(Bytes, f64)], at: Bytes) -> Option<Judged> {
+    if let Some(&(_, gbs)) = points.iter().find(|p| p.0 == at) {
+        return Some(Judged {
+            busbw_gbs: gbs,
+            between: None,
+        });
+    }
+    let below = points.iter().filter(|p| p.0 < at).max_by_key(|p| p.0)?;
+    let above = points.iter().filter(|p| p.0 > at).min_by_key(|p| p.0)?;
+    Some(Judged {
+        busbw_gbs: below.1.min(above.1),
+        between: Some((below.0, above.0)),
+    })
 }
 
 /// "`chorus` bus bandwidth ≥ `factor`× `peer`'s" over the sizes `keep` admits, judged by
@@ -166,5 +208,40 @@ mod tests {
             .unwrap_or_else(|| panic!("{:#?}", s.worlds[0].targets));
         // records(): chorus 70 µs vs Open MPI 60 µs at 64 KiB in round 2's median.
         assert!(!t.met, "{t:?}");
+    }
+
+    #[test]
+    fn a_size_target_is_judged_at_its_size_or_by_the_worse_of_its_neighbours() {
+        use super::{Judged, judged_at};
+        use crate::peer::sweep::Bytes;
+        const MIB: u64 = 1 << 20;
+        let at = Bytes(16 * MIB);
+        let exact = [(Bytes(8 * MIB), 9.0), (at, 7.0), (Bytes(32 * MIB), 8.0)];
+        assert_eq!(
+            judged_at(&exact, at),
+            Some(Judged {
+                busbw_gbs: 7.0,
+                between: None
+            })
+        );
+        // The full sweep: ×4 from 8 B passes 16 MiB by.
+        let full = [
+            (Bytes(2 * MIB), 1.0),
+            (Bytes(8 * MIB), 9.0),
+            (Bytes(32 * MIB), 6.0),
+            (Bytes(128 * MIB), 12.0),
+        ];
+        let judged = judged_at(&full, at).unwrap();
+        assert_eq!(judged.busbw_gbs, 6.0, "the worse neighbour");
+        assert_eq!(judged.between, Some((Bytes(8 * MIB), Bytes(32 * MIB))));
+        assert!(
+            judged.note().contains("8 MiB and 32 MiB"),
+            "{}",
+            judged.note()
+        );
+        // Only one side measured: not judged at all.
+        assert_eq!(judged_at(&full[..2], at), None);
+        assert_eq!(judged_at(&full[2..], at), None);
+        assert_eq!(judged_at(&[], at), None);
     }
 }
