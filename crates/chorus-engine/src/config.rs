@@ -106,13 +106,6 @@ pub struct EngineConfig {
     /// Largest payload the engine hands a link, in bytes (rounded down to whole elements,
     /// at least one element). Operations are cut into chunks of this size so that
     /// transfers, reductions and the next hop overlap.
-    ///
-    /// The default, 256 KiB, is not critical on either path measured (2026-12-05, 2 ranks
-    /// on 2 cores, all-reduce, three interleaved rounds per size): 64 KiB, 128 KiB and
-    /// 1 MiB gave the same times as 256 KiB across two network namespaces joined by a veth
-    /// pair from 128 KiB to 8 MiB (e.g. 2 MiB: best 1051–1104 µs, medians 1141–1233 µs,
-    /// the order changing round to round), and 128 KiB to 4 MiB the same best times over
-    /// shared memory from 512 KiB to 32 MiB (2 MiB: 149–153 µs).
     pub chunk_bytes: usize,
     /// Most chunks an operation keeps in flight towards one peer ahead of its own progress.
     /// A link's held-data bound must be at least `pipeline_depth * chunk_bytes`.

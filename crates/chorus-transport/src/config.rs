@@ -96,11 +96,6 @@ pub struct TransportConfig {
     /// polls for up to this long, and an operation whose abort is noticed up to this much
     /// later. Each link narrows its window (to a sixteenth of this) while spins keep
     /// missing, and widens it back as they catch. Zero parks at once.
-    ///
-    /// Longer windows did not pay where a park is most frequent, the large transfers
-    /// across hosts: 200 µs and 1 ms measured the same as 50 µs across a veth pair (2 ranks,
-    /// 32 KiB to 8 MiB, three interleaved rounds, 2026-12-05), and so did counting the
-    /// window from the last byte received rather than from the spin's start.
     pub recv_spin: Duration,
     /// Bytes of each direction's ring in a shared-memory segment (rounded up to a power
     /// of two); also the largest ring an accepted segment may declare. A frame larger than
