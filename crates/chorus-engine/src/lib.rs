@@ -44,7 +44,7 @@ pub mod select;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use config::{Algorithm, EngineConfig, Overrides, Thresholds};
+pub use config::{Algorithm, EngineConfig, NETWORK_CHUNK_BYTES, Overrides, Thresholds};
 pub use context::{AbortReason, Aborted, Context};
 pub use device::{Device, DeviceError};
 pub use engine::{Engine, P2P_SEQ_BIT};

@@ -359,6 +359,8 @@ impl TcpConnection {
         let cfg = &inner.cfg;
         let matcher = Arc::new(Matcher::new(peer.sender, cfg.held_limit, cfg.send_window));
         let outbound = Arc::new(Mutex::new(Outbound::new(encoder, me)));
+        // An IPv4 peer reached through a dual-stack socket has a mapped address.
+        let loopback = addr.ip().to_canonical().is_loopback();
         let (io, reader) = match &inner.ring {
             Some(ring) => {
                 let std = stream
@@ -366,7 +368,7 @@ impl TcpConnection {
                     .map_err(TransportError::io("detach socket from tokio"))?;
                 let fd = Arc::new(OwnedFd::from(std));
                 let reader = Arc::new(Reader::new(fd.clone(), decoder, matcher.clone(), peer));
-                let zc = cfg.zero_copy_threshold.effective(addr.ip().is_loopback());
+                let zc = cfg.zero_copy_threshold.effective(loopback);
                 let conn = ring.attach(fd, reader.clone(), outbound.clone(), zc);
                 (link::Io::Uring(conn), reader)
             }
@@ -395,6 +397,7 @@ impl TcpConnection {
             peer,
             io,
             spin: crate::spin::SpinBudget::new(cfg.recv_spin),
+            remote: !loopback,
         })
     }
 

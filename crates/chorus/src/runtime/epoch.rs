@@ -137,10 +137,7 @@ async fn build_epoch(
             .await??
     };
     drop(building);
-    let mut engine_config = engine_config(&session.config)?;
-    if !links.is_empty() && links.iter().all(|l| l.shares_memory()) {
-        engine_config.thresholds = engine_config.thresholds.shared_memory();
-    }
+    let engine_config = for_links(engine_config(&session.config)?, &links, world);
     let engine = Engine::new(
         rank,
         world,
@@ -170,6 +167,25 @@ async fn build_epoch(
         engine,
         recorder,
     }))
+}
+
+/// `config` adjusted to the paths `links` take in a world of `world` ranks: a world whose
+/// links all share memory takes shared memory's crossovers, a pair whose link crosses a
+/// network smaller chunks ([`EngineConfig::network`], which says why only pairs); any other
+/// world keeps the defaults.
+fn for_links(config: EngineConfig, links: &[DataLink], world: u32) -> EngineConfig {
+    if links.is_empty() {
+        config
+    } else if links.iter().all(|l| l.shares_memory()) {
+        EngineConfig {
+            thresholds: config.thresholds.clone().shared_memory(),
+            ..config
+        }
+    } else if world == 2 && links.iter().all(|l| l.crosses_network()) {
+        config.network()
+    } else {
+        config
+    }
 }
 
 /// The engine's configuration from the communicator's (algorithm overrides checked here).
@@ -213,5 +229,73 @@ pub(crate) async fn flush(links: Vec<DataLink>, until: Instant) {
         .collect();
     if !unflushed.is_empty() {
         tracing::debug!(?unflushed, "data links not flushed within the budget");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chorus_engine::link::{CancelReason, LinkFuture, Tag};
+    use chorus_engine::{NETWORK_CHUNK_BYTES, Thresholds};
+
+    use super::*;
+
+    /// A link that only says which path it takes.
+    struct Path {
+        shm: bool,
+        net: bool,
+    }
+
+    impl Link<Bytes> for Path {
+        fn peer(&self) -> Rank {
+            Rank(1)
+        }
+        fn send(&self, _: Tag, _: Bytes) -> LinkFuture<'_, ()> {
+            Box::pin(std::future::pending())
+        }
+        fn recv(&self, _: Tag) -> LinkFuture<'_, Bytes> {
+            Box::pin(std::future::pending())
+        }
+        fn cancel(&self, _: CancelReason) {}
+        fn shares_memory(&self) -> bool {
+            self.shm
+        }
+        fn crosses_network(&self) -> bool {
+            self.net
+        }
+    }
+
+    fn links(paths: &[(bool, bool)]) -> Vec<DataLink> {
+        paths
+            .iter()
+            .map(|&(shm, net)| Arc::new(Path { shm, net }) as DataLink)
+            .collect()
+    }
+
+    #[test]
+    fn the_engine_is_tuned_to_the_paths_its_links_take() {
+        let base = EngineConfig::default();
+        let shm = Thresholds::default().shared_memory();
+        let of =
+            |paths: &[(bool, bool)]| for_links(base.clone(), &links(paths), paths.len() as u32 + 1);
+
+        let all_shm = of(&[(true, false), (true, false)]);
+        assert_eq!(all_shm.thresholds, shm);
+        assert_eq!(all_shm.chunk_bytes, base.chunk_bytes);
+
+        let pair = of(&[(false, true)]);
+        assert_eq!(pair.chunk_bytes, NETWORK_CHUNK_BYTES);
+        assert!(NETWORK_CHUNK_BYTES < base.chunk_bytes);
+        assert_eq!(pair.thresholds, base.thresholds);
+
+        // Larger worlds across a network, mixed worlds, loopback TCP and a world of one keep
+        // the defaults.
+        for paths in [
+            &[(false, true), (false, true)][..],
+            &[(true, false), (false, true)],
+            &[(false, false)],
+            &[],
+        ] {
+            assert_eq!(of(paths), base, "{paths:?}");
+        }
     }
 }
