@@ -194,7 +194,7 @@ impl Thresholds {
     }
 }
 
-/// The chunk of a world whose every link crosses a network ([`EngineConfig::network`]).
+/// The chunk of a pair of ranks on two hosts ([`EngineConfig::network`]).
 pub const NETWORK_CHUNK_BYTES: usize = 128 << 10;
 
 impl EngineConfig {

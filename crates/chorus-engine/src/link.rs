@@ -135,14 +135,6 @@ pub trait Link<P = Bytes>: Send + Sync {
     fn shares_memory(&self) -> bool {
         false
     }
-
-    /// True when the link's bytes cross a network to a peer at another address (not
-    /// loopback, not shared memory): a pair of ranks joined by such a link cuts its
-    /// operations into smaller chunks ([`crate::EngineConfig::network`]). Links that cannot
-    /// tell say false.
-    fn crosses_network(&self) -> bool {
-        false
-    }
 }
 
 /// Identifies one payload of one operation. Every rank derives the same tags from the same

@@ -64,8 +64,6 @@ pub struct TcpLink {
     pub(super) io: Io,
     /// How long a `recv` reads the socket itself before it parks (at most `recv_spin`).
     pub(super) spin: SpinBudget,
-    /// The peer is at another address than a loopback one: the bytes cross a network.
-    pub(super) remote: bool,
 }
 
 #[derive(Debug)]
@@ -361,10 +359,6 @@ impl Link<Bytes> for TcpLink {
 
     fn failure(&self) -> Option<LinkError> {
         self.matcher.terminal()
-    }
-
-    fn crosses_network(&self) -> bool {
-        self.remote
     }
 
     fn is_flushed(&self) -> bool {

@@ -397,7 +397,6 @@ impl TcpConnection {
             peer,
             io,
             spin: crate::spin::SpinBudget::new(cfg.recv_spin),
-            remote: !loopback,
         })
     }
 

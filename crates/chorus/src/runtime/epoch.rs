@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::lineage::{self, LineageHandle};
 use super::mailbox::{DataLink, EpochHooks, LineageMsg, NextEpoch, Request};
-use super::{Session, links};
+use super::{Session, host_identity, links};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result, from_abort};
 use crate::recorder::Recorder;
@@ -137,7 +137,7 @@ async fn build_epoch(
             .await??
     };
     drop(building);
-    let engine_config = for_links(engine_config(&session.config)?, &links, world);
+    let engine_config = for_paths(engine_config(&session.config)?, &links, &members);
     let engine = Engine::new(
         rank,
         world,
@@ -169,11 +169,16 @@ async fn build_epoch(
     }))
 }
 
-/// `config` adjusted to the paths `links` take in a world of `world` ranks: a world whose
-/// links all share memory takes shared memory's crossovers, a pair whose link crosses a
-/// network smaller chunks ([`EngineConfig::network`], which says why only pairs); any other
-/// world keeps the defaults.
-fn for_links(config: EngineConfig, links: &[DataLink], world: u32) -> EngineConfig {
+/// `config` adjusted to the paths the epoch's data takes: a world whose `links` all share
+/// memory takes shared memory's crossovers; a pair of `members` in two network namespaces
+/// (two hosts, or a veth between them) smaller chunks ([`EngineConfig::network`], which says
+/// why only pairs); any other world keeps the defaults.
+///
+/// Every member must choose alike, or their chunks' tags would not match: a shm link is one
+/// on both ends, and the membership table is the same table everywhere, whereas each end's
+/// view of the other's address need not be (a port forwarded from 127.0.0.1 arrives from a
+/// bridge address).
+fn for_paths(config: EngineConfig, links: &[DataLink], members: &[PeerInfo]) -> EngineConfig {
     if links.is_empty() {
         config
     } else if links.iter().all(|l| l.shares_memory()) {
@@ -181,7 +186,9 @@ fn for_links(config: EngineConfig, links: &[DataLink], world: u32) -> EngineConf
             thresholds: config.thresholds.clone().shared_memory(),
             ..config
         }
-    } else if world == 2 && links.iter().all(|l| l.crosses_network()) {
+    } else if let [a, b] = members
+        && !host_identity::one_network(&a.host, &b.host)
+    {
         config.network()
     } else {
         config
@@ -238,11 +245,17 @@ mod tests {
     use chorus_engine::{NETWORK_CHUNK_BYTES, Thresholds};
 
     use super::*;
+    use crate::testkit;
 
-    /// A link that only says which path it takes.
+    const HERE: &str = "node#0123456789ab/00000001";
+    const OTHER_NETNS: &str = "node#0123456789ab/00000002";
+    const OTHER_HOST: &str = "node2#ba9876543210/00000003";
+    /// A container on this host that shares its network but not its pid namespace.
+    const OTHER_PIDS: &str = "node#ffffffffffff/00000001";
+
+    /// A link that only says whether it shares memory.
     struct Path {
         shm: bool,
-        net: bool,
     }
 
     impl Link<Bytes> for Path {
@@ -259,43 +272,53 @@ mod tests {
         fn shares_memory(&self) -> bool {
             self.shm
         }
-        fn crosses_network(&self) -> bool {
-            self.net
-        }
     }
 
-    fn links(paths: &[(bool, bool)]) -> Vec<DataLink> {
-        paths
+    /// Rank 0 on `HERE` and one member per host in `others`, linked by shm or not.
+    fn world(others: &[&str], shm: bool) -> (Vec<DataLink>, Vec<PeerInfo>) {
+        let mut members = vec![testkit::peer_info(0)];
+        members[0].host = HERE.to_owned();
+        for (i, host) in others.iter().enumerate() {
+            let mut p = testkit::peer_info(i as u32 + 1);
+            p.host = (*host).to_owned();
+            members.push(p);
+        }
+        let links = others
             .iter()
-            .map(|&(shm, net)| Arc::new(Path { shm, net }) as DataLink)
-            .collect()
+            .map(|_| Arc::new(Path { shm }) as DataLink)
+            .collect();
+        (links, members)
     }
 
     #[test]
-    fn the_engine_is_tuned_to_the_paths_its_links_take() {
+    fn the_engine_is_tuned_to_the_paths_its_data_takes() {
         let base = EngineConfig::default();
-        let shm = Thresholds::default().shared_memory();
-        let of =
-            |paths: &[(bool, bool)]| for_links(base.clone(), &links(paths), paths.len() as u32 + 1);
+        let of = |others: &[&str], shm: bool| {
+            let (links, members) = world(others, shm);
+            for_paths(base.clone(), &links, &members)
+        };
 
-        let all_shm = of(&[(true, false), (true, false)]);
-        assert_eq!(all_shm.thresholds, shm);
+        let all_shm = of(&[HERE, HERE], true);
+        assert_eq!(all_shm.thresholds, Thresholds::default().shared_memory());
         assert_eq!(all_shm.chunk_bytes, base.chunk_bytes);
 
-        let pair = of(&[(false, true)]);
-        assert_eq!(pair.chunk_bytes, NETWORK_CHUNK_BYTES);
+        for other in [OTHER_HOST, OTHER_NETNS] {
+            let pair = of(&[other], false);
+            assert_eq!(pair.chunk_bytes, NETWORK_CHUNK_BYTES, "{other}");
+            assert_eq!(pair.thresholds, base.thresholds);
+        }
         assert!(NETWORK_CHUNK_BYTES < base.chunk_bytes);
-        assert_eq!(pair.thresholds, base.thresholds);
 
-        // Larger worlds across a network, mixed worlds, loopback TCP and a world of one keep
-        // the defaults.
-        for paths in [
-            &[(false, true), (false, true)][..],
-            &[(true, false), (false, true)],
-            &[(false, false)],
-            &[],
+        // A pair on one network (loopback TCP, whatever the pid namespaces), larger worlds across hosts, mixed worlds and
+        // a world of one keep the defaults.
+        for (others, shm) in [
+            (&[HERE][..], false),
+            (&[OTHER_PIDS], false),
+            (&[OTHER_HOST, OTHER_HOST], false),
+            (&[HERE, OTHER_HOST], false),
+            (&[], false),
         ] {
-            assert_eq!(of(paths), base, "{paths:?}");
+            assert_eq!(of(others, shm), base, "{others:?}");
         }
     }
 }

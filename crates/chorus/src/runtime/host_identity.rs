@@ -54,6 +54,18 @@ pub(crate) fn same_network(mine: &str, other: &str) -> bool {
     is_local(mine, other) && mine.contains('/') && mine == other
 }
 
+/// True unless `a` and `b` (two members' `PeerInfo.host`) name two network namespaces,
+/// whatever their pid namespaces: traffic between two members for which this is true stays
+/// in one kernel's loopback. A fact about two members rather than about this process, so
+/// every member answers it alike for any pair. Without both network parts nothing is known
+/// to cross a network, and it answers true.
+pub(crate) fn one_network(a: &str, b: &str) -> bool {
+    match (a.split_once('/'), b.split_once('/')) {
+        (Some((_, net_a)), Some((_, net_b))) => net_a == net_b,
+        _ => true,
+    }
+}
+
 /// The identity without its network-namespace part.
 fn machine(identity: &str) -> &str {
     identity.split_once('/').map_or(identity, |(m, _)| m)
@@ -86,5 +98,17 @@ mod tests {
         assert!(is_local(a, "h#0123456789ab"));
         assert!(!same_network(a, "h#0123456789ab"));
         assert!(!same_network("h#0123456789ab", "h#0123456789ab"));
+    }
+
+    #[test]
+    fn one_network_looks_only_at_the_network_part() {
+        let here = "h#0123456789ab/00000001";
+        assert!(one_network(here, here));
+        assert!(!one_network(here, "h#0123456789ab/00000002"));
+        assert!(!one_network(here, "h2#ba9876543210/00000003"));
+        // Another pid namespace (a container sharing the host's network) is one network.
+        assert!(one_network(here, "h#ffffffffffff/00000001"));
+        // Without a network part nothing is known to cross a network.
+        assert!(one_network(here, "h#0123456789ab"));
     }
 }
