@@ -34,8 +34,8 @@
 //!   else `RANK`, else `SLURM_PROCID`).
 //!
 //! Commands: `loop`, `finish`, `destroy`, `abort`, `shrink`, `grow N`, `split-abort MS`,
-//! `split-wait`, `send PEER N TIMES`, `recv PEER N DELAY_MS TIMES`, `health`,
-//! `exit`. Unknown commands are reported as `error` events.
+//! `split-wait`, `send PEER N TIMES`, `recv PEER N DELAY_MS TIMES`, `health`, `recent N`
+//! (the flight recorder's last N operations), `exit`. Unknown commands are reported as `error` events.
 
 #![allow(clippy::print_stdout)]
 // `chorus::Error` is large by design (structured fields); the library allows it too.
@@ -242,6 +242,11 @@ impl Rank {
             }
             "health" => {
                 self.health();
+                Some(false)
+            }
+            "recent" => {
+                let max = words.next().and_then(|w| w.parse().ok()).unwrap_or(8);
+                self.recent(max);
                 Some(false)
             }
             // One shrink while idle (a rank whose failure left it idle asks later).
@@ -483,6 +488,21 @@ impl Rank {
             json!({"ev": "health", "epoch": h.epoch, "world": h.world, "peers": peers,
             "async_error": h.async_error.map(|e| e.to_string())}),
         );
+    }
+
+    /// Reports the flight recorder's newest `max` operations.
+    fn recent(&self, max: usize) {
+        let ops: Vec<Value> = self
+            .comm()
+            .recent_ops(max)
+            .iter()
+            .map(|o| {
+                json!({"seq": o.seq, "collective": o.collective.map(|c| c.to_string()),
+                    "bytes": o.bytes, "algorithm": o.algorithm,
+                    "phase": format!("{:?}", o.phase), "step": o.step})
+            })
+            .collect();
+        emit(json!({"ev": "recent", "ops": ops}));
     }
 
     fn abort(&mut self) {
