@@ -106,6 +106,13 @@ pub struct Bed {
 }
 
 impl Bed {
+    /// [`Bed::new`], or `None` after a skip line naming `what` and why there is no bed.
+    pub fn new_or_skip(n: usize, what: &str) -> Option<Bed> {
+        Bed::new(n)
+            .map_err(|why| crate::skip(&format!("{what}: no host bed ({why})")))
+            .ok()
+    }
+
     /// Builds `n` hosts on a bridge; `Err` says why it cannot (the caller skips).
     pub fn new(n: usize) -> Result<Bed, String> {
         let mut bed = Bed::empty()?;

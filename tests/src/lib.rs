@@ -34,6 +34,13 @@ pub mod wire;
 pub use event::Event;
 pub use job::{Job, JobSpec, Slot};
 
+/// Says on stderr, in one line, that a test skips and why. Straight to the handle: the
+/// harness shows `eprintln!` only for failing tests, and a skip must be seen.
+pub fn skip(why: &str) {
+    let line = format!("skipped: {why}\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+}
+
 /// How much a sub-second latency bound may stretch on a loaded 2-core CI machine before a
 /// test calls it a failure. The bounds themselves are the features' (100 ms same-host
 /// detection, 50 ms departure, ...); typical measurements are a tenth of them (see

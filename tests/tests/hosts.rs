@@ -9,7 +9,6 @@
 //! on loopback as much as across hosts (`chorus run -n 6` of `chorus-test-rank` with
 //! `CHORUS_HEARTBEAT_DEADLINE=1s` shows it without any fault); at 2 s they do not.
 
-#![allow(clippy::print_stderr)] // the skip line
 #![allow(clippy::print_stdout)] // measurements, shown with --nocapture
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -33,16 +32,7 @@ const SURVIVORS: [usize; 4] = [0, 1, 2, 3];
 
 /// A bed of 3 hosts with the job looping, or `None` (skip line printed).
 fn start(what: &str, host_env: &[(usize, &str, &str)]) -> Option<Bed> {
-    let mut bed = match Bed::new(3) {
-        Ok(b) => b,
-        Err(why) => {
-            // Straight to the stderr handle: the harness shows `eprintln!` only for
-            // failing tests, and a skip must be seen.
-            let line = format!("skipped: {what}: no host bed ({why})\n");
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-            return None;
-        }
-    };
+    let mut bed = Bed::new_or_skip(3, what)?;
     let job = bed_job(host_env);
     if let Err(e) = bed.launch(&job) {
         panic!("{what}: the job did not start: {e}");
@@ -318,13 +308,8 @@ fn rejoin_through_grow(bed: &mut Bed) {
 #[test]
 fn a_rank_on_another_node_that_dies_before_joining_fails_the_init_promptly() {
     let what = "death before joining";
-    let mut bed = match Bed::new(3) {
-        Ok(b) => b,
-        Err(why) => {
-            let line = format!("skipped: {what}: no host bed ({why})\n");
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-            return;
-        }
+    let Some(mut bed) = Bed::new_or_skip(3, what) else {
+        return;
     };
     bed.start(&bed_job(&[(1, "CT_DIE_BEFORE_INIT", "3")]))
         .unwrap();
@@ -607,11 +592,7 @@ fn every_collective_is_correct_across_hosts_on_a_bad_network() {
     let spec = ["delay", "20ms", "5ms", "loss", "1%"];
     let (bed, network) = match Bed::bad_network(3, &spec) {
         Ok(b) => b,
-        Err(why) => {
-            let line = format!("skipped: bad network: no host bed ({why})\n");
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-            return;
-        }
+        Err(why) => return chorus_tests::skip(&format!("bad network: no host bed ({why})")),
     };
     println!("bad network: {network}");
     let chorus = chorus_tests::bed::chorus_bin().unwrap();

@@ -7,7 +7,6 @@
 //! `nft`, `unshare`, the `chorus` binary) or, for torchrun, without a Python that has torch
 //! (`CHORUS_TEST_PYTHON`, else `python3`).
 
-#![allow(clippy::print_stderr)] // the skip lines
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
@@ -19,11 +18,6 @@ use chorus_tests::bed::Bed;
 const WAIT: Duration = Duration::from_secs(120);
 /// A secret both hosts are given (as a job script would export it).
 const SECRET: &str = "5eb63bbbe01eeed093cb22bb8f5acdc35eb63bbbe01eeed093cb22bb8f5acdc3";
-
-fn skip(line: &str) {
-    let line = format!("skipped: {line}\n");
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-}
 
 fn rank_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_chorus-test-rank"))
@@ -102,9 +96,8 @@ fn wait_all(children: Vec<Child>, what: &str) {
 
 #[test]
 fn from_env_under_slurm_variables_across_two_hosts() {
-    let mut bed = match Bed::new(2) {
-        Ok(b) => b,
-        Err(why) => return skip(&format!("Slurm across hosts: no host bed ({why})")),
+    let Some(mut bed) = Bed::new_or_skip(2, "Slurm across hosts") else {
+        return;
     };
     let mut ranks = Vec::new();
     for host in 0..2 {
@@ -141,11 +134,12 @@ fn torch_python() -> Option<PathBuf> {
 #[test]
 fn from_env_under_torchrun_with_two_nodes_across_two_hosts() {
     let Some(python) = torch_python() else {
-        return skip("torchrun across hosts: no Python with torch (set CHORUS_TEST_PYTHON)");
+        return chorus_tests::skip(
+            "torchrun across hosts: no Python with torch (set CHORUS_TEST_PYTHON)",
+        );
     };
-    let mut bed = match Bed::new(2) {
-        Ok(b) => b,
-        Err(why) => return skip(&format!("torchrun across hosts: no host bed ({why})")),
+    let Some(mut bed) = Bed::new_or_skip(2, "torchrun across hosts") else {
+        return;
     };
     let mut nodes = Vec::new();
     for host in 0..2 {

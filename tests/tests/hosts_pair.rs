@@ -5,7 +5,6 @@
 //! `2k - 1` for `k` chunks per segment. Skips with one line where the bed cannot be built
 //! (not root, no `ip`/`nft`/`unshare`, or no `chorus` binary: `cargo build -p chorus-cli`).
 
-#![allow(clippy::print_stderr)] // the skip line
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::PathBuf;
@@ -35,13 +34,8 @@ fn last_ring_step(elems: u64, chunk: usize) -> u64 {
 
 #[test]
 fn a_pair_on_two_hosts_cuts_its_operations_into_network_chunks_alike() {
-    let mut bed = match Bed::new(2) {
-        Ok(b) => b,
-        Err(why) => {
-            let line = format!("skipped: a pair on two hosts: no host bed ({why})\n");
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-            return;
-        }
+    let Some(mut bed) = Bed::new_or_skip(2, "a pair on two hosts") else {
+        return;
     };
     let env = [
         ("CT_START", "loop"),

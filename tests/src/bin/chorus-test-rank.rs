@@ -35,7 +35,8 @@
 //!
 //! Commands: `loop`, `finish`, `destroy`, `abort`, `shrink`, `grow N`, `split-abort MS`,
 //! `split-wait`, `send PEER N TIMES`, `recv PEER N DELAY_MS TIMES`, `health`, `recent N`
-//! (the flight recorder's last N operations), `exit`. Unknown commands are reported as `error` events.
+//! (the flight recorder's newest N operations), `exit`. Unknown commands are reported as
+//! `error` events.
 
 #![allow(clippy::print_stdout)]
 // `chorus::Error` is large by design (structured fields); the library allows it too.

@@ -178,14 +178,12 @@ async fn build_epoch(
 /// on both ends, and the membership table is the same table everywhere, whereas each end's
 /// view of the other's address need not be (a port forwarded from 127.0.0.1 arrives from a
 /// bridge address).
-fn for_paths(config: EngineConfig, links: &[DataLink], members: &[PeerInfo]) -> EngineConfig {
+fn for_paths(mut config: EngineConfig, links: &[DataLink], members: &[PeerInfo]) -> EngineConfig {
     if links.is_empty() {
         config
     } else if links.iter().all(|l| l.shares_memory()) {
-        EngineConfig {
-            thresholds: config.thresholds.clone().shared_memory(),
-            ..config
-        }
+        config.thresholds = config.thresholds.shared_memory();
+        config
     } else if let [a, b] = members
         && !host_identity::one_network(&a.host, &b.host)
     {
@@ -309,8 +307,8 @@ mod tests {
         }
         assert!(NETWORK_CHUNK_BYTES < base.chunk_bytes);
 
-        // A pair on one network (loopback TCP, whatever the pid namespaces), larger worlds across hosts, mixed worlds and
-        // a world of one keep the defaults.
+        // A pair on one network (loopback TCP, whatever the pid namespaces), larger worlds
+        // across hosts, mixed worlds and a world of one keep the defaults.
         for (others, shm) in [
             (&[HERE][..], false),
             (&[OTHER_PIDS], false),
