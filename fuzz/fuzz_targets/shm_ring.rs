@@ -2,17 +2,21 @@
 //! interleaving of bytes written into the ring and tail indices published, fed through the
 //! ring arithmetic into the protocol decoder of a data stream, as the link's reader does.
 //!
+//! Beside the ring, the mailbox: the peer writes any of a slot's 64 bytes, and the reader
+//! sweeps every slot whose count moved, as `mailbox.rs` does.
+//!
 //! Input: byte 0 picks the ring capacity (4 KiB to 64 KiB); then records of 9 bytes, an op
-//! and a little-endian value: op even, the peer writes up to 511 of the following input
-//! bytes at some place in the ring; op odd, it publishes a tail (near our head, or any
-//! value). The last 32 bytes are also parsed as a segment header. Oracles: no panic; every
-//! span lies inside the ring and holds at most a ring; a refused index or a refused frame
-//! ends the stream (the link closes), and the decoder never holds more than the frame in
-//! progress allows.
+//! and a little-endian value: op 0 mod 4, the peer writes up to 511 of the following input
+//! bytes at some place in the ring; op 2 mod 4, it writes up to 64 of them into the slot
+//! the value picks, and the reader sweeps; op odd, it publishes a tail (near our head, or
+//! any value). The last 32 bytes are also parsed as a segment header. Oracles: no panic;
+//! every span lies inside the ring and holds at most a ring; a refused index, slot or
+//! frame ends the stream (the link closes); a slot's payload is read from inside its line;
+//! and the decoder never holds more than the frame in progress allows.
 #![no_main]
 
 use chorus_protocol::message::Role;
-use chorus_protocol::{CommId, Decoder, Gate, HEADER_LEN, Limits, Rank, Side};
+use chorus_protocol::{Collective, CommId, DType, Decoder, Gate, HEADER_LEN, Limits, Rank, Side};
 use libfuzzer_sys::fuzz_target;
 
 // The ring's format is plain `std` code in the transport crate; built here alone so this
@@ -54,9 +58,30 @@ fuzz_target!(|data: &[u8]| {
     );
     let mut bytes = vec![0u8; cap];
     let mut consumer = ring::Consumer::new(&layout);
+    // The peer's mailbox: each slot's first line as the peer left it, and our counts.
+    let mut slots = [[0u8; 64]; ring::SLOTS];
+    let mut took = [0u32; ring::SLOTS];
+    for k in 0..ring::SLOTS {
+        let at = layout.slot(ring::Side::Connector, k);
+        assert!(at >= layout.head(ring::Side::Acceptor) + 8 && at + 64 <= ring::DATA_OFFSET);
+        assert!(layout.took(ring::Side::Connector, k) + 4 <= ring::DATA_OFFSET);
+    }
     while let Some((record, rest)) = input.split_at_checked(9) {
         input = rest;
         let value = u64::from_le_bytes(record[1..9].try_into().unwrap_or_default());
+        if record[0] % 4 == 2 {
+            let k = ring::slot_of(value, (value >> 32) as u32);
+            let n = (value as usize >> 8 & 63).min(input.len());
+            let at = value as usize >> 16 & 63;
+            for (i, b) in input[..n].iter().enumerate() {
+                slots[k][(at + i) % 64] = *b;
+            }
+            input = &input[n..];
+            if sweep(&slots, &mut took).is_err() {
+                return; // a protocol violation: the link closes
+            }
+            continue;
+        }
         if record[0] % 2 == 0 {
             let n = (value as usize % 512).min(input.len());
             let at = (value >> 16) as usize;
@@ -67,7 +92,9 @@ fuzz_target!(|data: &[u8]| {
             continue;
         }
         let tail = if value & 1 == 0 {
-            consumer.head().wrapping_add((value >> 1) % (2 * cap as u64))
+            consumer
+                .head()
+                .wrapping_add((value >> 1) % (2 * cap as u64))
         } else {
             value
         };
@@ -93,3 +120,28 @@ fuzz_target!(|data: &[u8]| {
         assert!(decoder.buffered() < frame_max + cap);
     }
 });
+
+/// The reader's sweep of the mailbox (`mailbox.rs`): every slot whose count moved is
+/// checked and its payload copied out of its line, or the stream ends.
+fn sweep(slots: &[[u8; 64]; ring::SLOTS], took: &mut [u32; ring::SLOTS]) -> Result<(), ()> {
+    use ring::offsets::{SLOT_CODES, SLOT_LEN, SLOT_PAYLOAD, SLOT_PUT};
+    let word = |line: &[u8; 64], at: usize| {
+        u32::from_le_bytes(line[at..at + 4].try_into().unwrap_or_default())
+    };
+    for (k, line) in slots.iter().enumerate() {
+        let put = word(line, SLOT_PUT);
+        if put == took[k] {
+            continue;
+        }
+        let (len, collective, dtype) =
+            ring::check_slot(word(line, SLOT_LEN), word(line, SLOT_CODES)).map_err(|_| ())?;
+        if Collective::from_code(collective).is_none() || DType::from_code(dtype).is_none() {
+            return Err(());
+        }
+        assert!(len <= ring::SLOT_BYTES && SLOT_PAYLOAD + len <= line.len());
+        let mut payload = [0u8; ring::SLOT_BYTES];
+        payload[..len].copy_from_slice(&line[SLOT_PAYLOAD..SLOT_PAYLOAD + len]);
+        took[k] = put;
+    }
+    Ok(())
+}

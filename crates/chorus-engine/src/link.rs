@@ -14,7 +14,11 @@
 //!   any other field (collective, offset, dtype), `recv` fails with
 //!   [`LinkError::TagMismatch`] naming both: ranks calling different collectives is an error,
 //!   never silent corruption.
-//! - **Order.** Payloads between two ranks are delivered in the order they were sent.
+//! - **Order.** Payloads are matched by tag, and an operation sends at most one payload
+//!   per tag on a link, so their order across tags is free: a link may deliver a payload
+//!   ahead of one sent before it (shm's small-payload mailbox overtakes its ring). Never a
+//!   departure, though: every payload sent before a departure is delivered before the link
+//!   fails with it.
 //! - **Send completion.** `send` resolves once the link owns the payload (queued or written),
 //!   not when the peer has it. Dropping a pending `send` future never leaves a partial frame
 //!   on the wire: the link either finishes the frame in the background or fails.

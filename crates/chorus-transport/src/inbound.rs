@@ -6,6 +6,7 @@
 //! gate of the established role (kinds, communicator, sender); what is left here is the
 //! epoch, which a data stream serves exactly.
 
+use bytes::Bytes;
 use chorus_engine::link::{LinkError, Tag};
 use chorus_protocol::message::{Chunk, ChunkHeader, Depart, Message};
 use chorus_protocol::{CloseCode, Collective, DType, DecodeError, Envelope, Frame};
@@ -94,7 +95,13 @@ fn on_chunk(matcher: &Matcher, chunk: Chunk) -> Flow {
             ),
         );
     };
-    match matcher.deliver(tag, chunk.payload) {
+    deliver(matcher, tag, chunk.payload)
+}
+
+/// Hands a payload that arrived under `tag` to the matcher; one it refuses (more held than
+/// the limit allows) fails the link and closes it with a protocol violation.
+pub(crate) fn deliver(matcher: &Matcher, tag: Tag, payload: Bytes) -> Flow {
+    match matcher.deliver(tag, payload) {
         Ok(()) => Flow::Continue,
         Err(err) => {
             matcher.fail(err.clone());

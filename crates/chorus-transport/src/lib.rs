@@ -41,5 +41,5 @@ pub use config::{Backend, Backoff, Liveness, TransportConfig, ZeroCopy};
 pub use error::TransportError;
 pub use identity::{Fingerprint, Identity};
 pub use quic::{ControlChannel, QuicConnection, QuicEndpoint, QuicLink};
-pub use shm::{RawShm, ShmConnection, ShmLink, ShmListener, ShmTransport};
+pub use shm::{RawShm, RawSlot, ShmConnection, ShmLink, ShmListener, ShmTransport};
 pub use tcp::{BackendKind, RawConnection, TcpConnection, TcpLink, TcpListener, TcpTransport};

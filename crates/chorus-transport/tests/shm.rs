@@ -15,7 +15,7 @@ use chorus_engine::link::{CancelReason, Link, LinkError};
 use chorus_protocol::message::{ChunkHeader, Depart, Message, Role};
 use chorus_protocol::{CloseCode, DType, JobSecret, OpSeq, Rank};
 use chorus_transport::{
-    RawShm, ShmLink, ShmListener, ShmTransport, TransportConfig, admit_all, fresh,
+    RawShm, RawSlot, ShmLink, ShmListener, ShmTransport, TransportConfig, admit_all, fresh,
 };
 use common::*;
 
@@ -122,6 +122,10 @@ async fn send_once_the_window_reopens(link: &ShmLink, tag: chorus_engine::link::
     sent.unwrap();
 }
 
+/// A small payload that still goes through the ring: longer than a mailbox slot takes.
+const SMALL: &[u8] = b"a small frame, longer than a mailbox slot takes";
+const LATER: &[u8] = b"a later frame, longer than a mailbox slot takes";
+
 /// The sequence number and payload of a chunk the raw peer read.
 fn chunk(m: Option<Message>) -> (OpSeq, Bytes) {
     match m {
@@ -224,21 +228,21 @@ fn round_trip_every_size_both_ways_and_early_arrivals_are_held() {
 fn send_bytes_now_refuses_without_credit_and_numbers_nothing() {
     shared(async {
         let (_t, _l, link, mut raw) = windowed_link_and_raw().await;
-        link.send_bytes_now(tag(1, 0), b"small").unwrap().unwrap();
+        link.send_bytes_now(tag(1, 0), SMALL).unwrap().unwrap();
         assert_eq!(
             chunk(next_message(&mut raw, WAIT)),
-            (OpSeq(1), Bytes::from_static(b"small"))
+            (OpSeq(1), Bytes::from_static(SMALL))
         );
         // The raw end reads nothing: the ring fills, the rest is queued holding the window.
         link.send(tag(2, 0), pattern(1 << 20, 2)).await.unwrap();
-        assert!(link.send_bytes_now(tag(3, 0), b"later").is_none());
+        assert!(link.send_bytes_now(tag(3, 0), LATER).is_none());
         let (op, payload) = chunk(next_message(&mut raw, WAIT));
         assert!(op == OpSeq(2) && payload == pattern(1 << 20, 2));
         // The credit comes back once the pump has written the frame.
-        send_once_the_window_reopens(&link, tag(3, 0), b"later").await;
+        send_once_the_window_reopens(&link, tag(3, 0), LATER).await;
         assert_eq!(
             chunk(next_message(&mut raw, WAIT)),
-            (OpSeq(3), Bytes::from_static(b"later"))
+            (OpSeq(3), Bytes::from_static(LATER))
         );
         link.cancel(CancelReason::new(CloseCode::NORMAL, "done"));
         assert!(matches!(
@@ -269,18 +273,18 @@ fn a_send_waiting_for_the_window_is_not_overtaken() {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert!(
-            link.send_bytes_now(tag(3, 0), b"small").is_none(),
+            link.send_bytes_now(tag(3, 0), SMALL).is_none(),
             "a send still waits for the window"
         );
         waiting.await.unwrap();
-        send_once_the_window_reopens(&link, tag(3, 0), b"small").await;
+        send_once_the_window_reopens(&link, tag(3, 0), SMALL).await;
         assert_eq!(
             chunk(next_message(&mut raw, WAIT)),
             (OpSeq(2), pattern(100 << 10, 2))
         );
         assert_eq!(
             chunk(next_message(&mut raw, WAIT)),
-            (OpSeq(3), Bytes::from_static(b"small"))
+            (OpSeq(3), Bytes::from_static(SMALL))
         );
     });
 }
@@ -1006,5 +1010,295 @@ fn peer_process_entry() {
         // Hold the link until SIGKILLed (bounded, in case the parent died first).
         tokio::time::sleep(Duration::from_secs(60)).await;
         drop(link);
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// The mailboxes (SPEC.md, "Mailboxes"): small payloads beside the ring.
+
+/// A slot's fields for `tag` and `payload`, as a well-behaved writer puts them.
+fn slot_for(t: chorus_engine::link::Tag, payload: &[u8]) -> RawSlot {
+    RawSlot {
+        len: payload.len() as u32,
+        op: t.op.0,
+        step: t.step,
+        codes: u32::from(t.collective.code()) | u32::from(t.dtype.code()) << 8,
+        offset: t.offset,
+        payload: payload.to_vec(),
+    }
+}
+
+/// The golden slot line, `protocol/vectors/shm-slot.hex`.
+fn golden_slot() -> Vec<u8> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../protocol/vectors/shm-slot.hex"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let hex: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .flat_map(|l| l.chars().filter(char::is_ascii_hexdigit))
+        .collect();
+    (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
+/// A payload of at most a slot goes into the slot its tag picks, written as the spec's
+/// golden line, and not into the ring; the raw end takes it and the slot is free again.
+#[test]
+fn a_small_payload_travels_in_the_mailbox_as_the_spec_writes_it() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let t5 = chorus_engine::link::Tag {
+            collective: chorus_protocol::Collective::AllReduce,
+            op: OpSeq(5),
+            step: 0,
+            offset: 0,
+            dtype: DType::F64,
+        };
+        let value = 1.5f64.to_le_bytes().to_vec();
+        link.send_bytes_now(t5, &value).unwrap().unwrap();
+        assert_eq!(
+            &raw.peer_slot_line(5)[..],
+            &golden_slot()[..],
+            "update SPEC.md"
+        );
+        assert!(
+            raw.read(Duration::from_millis(20)).is_empty(),
+            "nothing in the ring"
+        );
+        assert_eq!(raw.take_slot(5), Some(slot_for(t5, &value)));
+        assert_eq!(raw.take_slot(5), None, "taken once");
+        // The slot is free again: the next payload through it is in the mailbox too.
+        link.send_bytes_now(tag(13, 0), b"again").unwrap().unwrap();
+        assert_eq!(raw.take_slot(5), Some(slot_for(tag(13, 0), b"again")));
+        // Longer than a slot: the ring.
+        link.send_bytes_now(tag(6, 0), SMALL).unwrap().unwrap();
+        assert_eq!(raw.take_slot(6), None);
+        assert_eq!(
+            chunk(next_message(&mut raw, WAIT)),
+            (OpSeq(6), Bytes::from_static(SMALL))
+        );
+    });
+}
+
+/// A slot the peer has not emptied yet is never overwritten: the payload goes through the
+/// ring, and both arrive.
+#[test]
+fn a_full_slot_sends_through_the_ring() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        link.send_bytes_now(tag(1, 0), b"first").unwrap().unwrap();
+        // Op 9 picks slot 1 too, still full.
+        link.send_bytes_now(tag(9, 0), b"second").unwrap().unwrap();
+        assert_eq!(
+            chunk(next_message(&mut raw, WAIT)),
+            (OpSeq(9), Bytes::from_static(b"second"))
+        );
+        assert_eq!(raw.take_slot(1), Some(slot_for(tag(1, 0), b"first")));
+    });
+}
+
+/// The link takes a mailbox payload whether its receive spins, is parked (the pump, woken
+/// through the bell, delivers it), or comes later (held); `recv_into` and
+/// `recv_reduce_into` take it too, and the raw end sees every slot emptied.
+#[test]
+fn the_link_receives_from_the_mailbox() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        // Held: written before anyone receives.
+        raw.write_slot(1, &slot_for(tag(1, 0), b"held"), 1);
+        // Parked: the receive is pending long past any spin before the payload comes.
+        let parked = link.recv(tag(2, 0));
+        let writer = tokio::task::spawn_blocking(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            raw.write_slot(2, &slot_for(tag(2, 0), b"parked"), 1);
+            raw
+        });
+        let got = tokio::time::timeout(WAIT, parked).await.unwrap().unwrap();
+        assert_eq!(&got[..], b"parked");
+        let mut raw = writer.await.unwrap();
+        assert_eq!(&link.recv(tag(1, 0)).await.unwrap()[..], b"held");
+        // Into a destination, and reduced into one.
+        raw.write_slot(3, &slot_for(tag32(3, 0), &int_bytes(&[5, 6])), 1);
+        let mut dst = [0u8; 8];
+        let n = link
+            .recv_into(tag32(3, 0), &mut dst)
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!((n, &dst[..]), (8, &int_bytes(&[5, 6])[..]));
+        raw.write_slot(4, &slot_for(tag32(4, 0), &int_bytes(&[10, 20])), 1);
+        let mut acc = int_bytes(&[1, 2]);
+        let add = |d: &mut [u8], s: &[u8]| {
+            for (d, s) in d.chunks_exact_mut(4).zip(s.chunks_exact(4)) {
+                let v = i32::from_le_bytes(d.try_into().unwrap())
+                    + i32::from_le_bytes(s.try_into().unwrap());
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+        };
+        let n = link
+            .recv_reduce_into(tag32(4, 0), &mut acc, &add)
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!((n, acc), (8, int_bytes(&[11, 22])));
+        for k in 1..=4 {
+            assert_eq!(raw.peer_took(k), 1, "slot {k} taken");
+        }
+    });
+}
+
+/// Order where it matters: a payload posted before a departure is delivered, and only
+/// the receives after it fail with the departure.
+#[test]
+fn a_payload_posted_before_a_departure_is_delivered() {
+    shared(async {
+        let (t, _) = transport(None);
+        let mut l = listener(&t, 0).await;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        raw.write_slot(4, &slot_for(tag(4, 0), b"last words"), 1);
+        let mut frame = BytesMut::new();
+        let me = raw.me;
+        raw.encoder
+            .encode(
+                &me,
+                &Message::Depart(Depart::new(CloseCode::LEFT, "done")),
+                &mut frame,
+            )
+            .unwrap();
+        assert_eq!(raw.write(&frame, WAIT), frame.len());
+        raw.close();
+        // Let the pump read the departure before anyone receives.
+        let deadline = Instant::now() + WAIT;
+        while link.failure().is_none() {
+            assert!(Instant::now() < deadline, "the departure went unread");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(&link.recv(tag(4, 0)).await.unwrap()[..], b"last words");
+        let after = link.recv(tag(5, 0)).await;
+        assert!(
+            matches!(
+                after,
+                Err(LinkError::PeerDeparted {
+                    code: CloseCode::LEFT,
+                    ..
+                })
+            ),
+            "{after:?}"
+        );
+    });
+}
+
+/// Hostile slots: a length past the slot, codes nobody knows. Each is a protocol violation
+/// that fails the link and closes it with a departure; nothing outside the slot is read.
+#[test]
+fn a_bad_slot_is_a_protocol_violation() {
+    shared(async {
+        for (what, slot) in [
+            (
+                "long",
+                RawSlot {
+                    len: 33,
+                    ..slot_for(tag(1, 0), &[7; 32])
+                },
+            ),
+            (
+                "huge",
+                RawSlot {
+                    len: u32::MAX,
+                    ..slot_for(tag(1, 0), b"x")
+                },
+            ),
+            (
+                "collective",
+                RawSlot {
+                    codes: 0xff | 4 << 8,
+                    ..slot_for(tag(1, 0), b"x")
+                },
+            ),
+            (
+                "dtype",
+                RawSlot {
+                    codes: 1 | 0xee << 8,
+                    ..slot_for(tag(1, 0), b"x")
+                },
+            ),
+            (
+                "high bits",
+                RawSlot {
+                    codes: 1 << 24 | 1,
+                    ..slot_for(tag(1, 0), b"x")
+                },
+            ),
+        ] {
+            let (t, _) = transport(None);
+            let mut l = listener(&t, 0).await;
+            let (link, mut raw) = link_and_raw(&t, &mut l).await;
+            raw.write_slot(1, &slot, 1);
+            let r = tokio::time::timeout(WAIT, link.recv(tag(1, 0)))
+                .await
+                .unwrap();
+            match &r {
+                Err(LinkError::Protocol { code, detail }) => {
+                    assert_eq!(*code, CloseCode::PROTOCOL_VIOLATION, "{what}");
+                    assert!(detail.contains("mailbox"), "{what}: {detail}");
+                }
+                other => panic!("{what}: expected a protocol violation, got {other:?}"),
+            }
+            let depart = tokio::task::spawn_blocking(move || next_message(&mut raw, WAIT))
+                .await
+                .unwrap();
+            assert!(
+                matches!(depart, Some(Message::Depart(ref d)) if d.code == CloseCode::PROTOCOL_VIOLATION),
+                "{what}: {depart:?}"
+            );
+        }
+    });
+}
+
+/// A peer that bumps a slot's count without end makes the link hold what it delivers,
+/// within the held limit: past it the link fails with `Overflow`, memory bounded.
+#[test]
+fn a_slot_bumped_forever_is_bounded_by_the_held_limit() {
+    shared(async {
+        let cfg = TransportConfig {
+            held_limit: 4096,
+            ..config()
+        };
+        let (t, _) = transport(Some(cfg));
+        let mut l = listener(&t, 0).await;
+        let (link, mut raw) = link_and_raw(&t, &mut l).await;
+        let deadline = Instant::now() + WAIT;
+        let mut put = 0u32;
+        while link.failure().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "{put} bumps and the link still holds them"
+            );
+            put += 1;
+            raw.write_slot(0, &slot_for(tag(1000 + u64::from(put), 0), &[9; 32]), put);
+            // The next bump once the pump took this one.
+            while raw.peer_took(0) != put && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+        }
+        assert!(
+            matches!(
+                link.failure(),
+                Some(LinkError::Overflow { limit: 4096, .. })
+            ),
+            "{:?}",
+            link.failure()
+        );
+        assert!(put < 100, "{put} payloads held under a 4 KiB limit");
     });
 }

@@ -1,7 +1,9 @@
 //! `ShmLink`: the engine's `Link` over one segment shared with a peer on this host.
 //!
 //! A `send` that finds the stream idle copies its frame into our ring on the caller's
-//! thread; only what the ring has no room for goes to the pump. A `recv` that finds nothing
+//! thread; only what the ring has no room for goes to the pump. A `send_bytes_now` of at
+//! most 32 bytes goes into our mailbox instead when its slot is free (`mailbox.rs`): no
+//! frame at all. A `recv` that finds nothing
 //! held reads the peer's ring itself for a while (the same adaptive, crowded-core-aware
 //! window as TCP's, `spin.rs`, counted from the last bytes taken: `patience.rs`), then
 //! parks and leaves the ring to the pump, which the peer wakes through the segment's futex.
@@ -434,6 +436,9 @@ impl Link<Bytes> for ShmLink {
     }
 
     fn send_bytes_now(&self, tag: Tag, data: &[u8]) -> Option<Result<(), LinkError>> {
+        if self.shared.post(&tag, data) {
+            return Some(Ok(()));
+        }
         if let Some(done) = self.write_whole(&tag, data) {
             return Some(done);
         }

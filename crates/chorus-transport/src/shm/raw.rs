@@ -9,7 +9,7 @@ use bytes::BytesMut;
 use chorus_protocol::{Decoder, Encoder, Envelope};
 
 use super::futex;
-use super::ring::{Consumer, Producer, Side};
+use super::ring::{Consumer, Producer, SLOT_BYTES, SLOTS, Side, offsets};
 use super::segment::Segment;
 
 /// One end of a segment, driven by hand. The caller owns the close ([`RawShm::close`]).
@@ -19,6 +19,8 @@ pub struct RawShm {
     side: Side,
     producer: Producer,
     consumer: Consumer,
+    /// Payloads taken from each slot of the peer's mailbox.
+    took: [u32; SLOTS],
     /// Our envelope on the stream.
     pub me: Envelope,
     /// Continues the sequence after our handshake frame.
@@ -41,6 +43,7 @@ impl RawShm {
             side,
             producer: Producer::new(&layout),
             consumer: Consumer::new(&layout),
+            took: [0; SLOTS],
             me,
             encoder,
             decoder,
@@ -114,6 +117,92 @@ impl RawShm {
         }
     }
 
+    /// Writes slot `k` of our mailbox, every field as given, whatever it holds (a
+    /// well-behaved writer waits for the peer to take the last payload first), the count
+    /// `put` last, and wakes the peer.
+    pub fn write_slot(&mut self, k: usize, slot: &RawSlot, put: u32) {
+        let at = self.seg.layout().slot(self.side, k);
+        self.seg
+            .word32(at + offsets::SLOT_LEN)
+            .store(slot.len, Ordering::Relaxed);
+        self.seg
+            .word64(at + offsets::SLOT_OP)
+            .store(slot.op, Ordering::Relaxed);
+        self.seg
+            .word32(at + offsets::SLOT_STEP)
+            .store(slot.step, Ordering::Relaxed);
+        self.seg
+            .word32(at + offsets::SLOT_CODES)
+            .store(slot.codes, Ordering::Relaxed);
+        self.seg
+            .word64(at + offsets::SLOT_OFFSET)
+            .store(slot.offset, Ordering::Relaxed);
+        let n = slot.payload.len().min(SLOT_BYTES);
+        self.seg
+            .put_bytes(at + offsets::SLOT_PAYLOAD, &slot.payload[..n]);
+        self.seg
+            .word32(at + offsets::SLOT_PUT)
+            .store(put, Ordering::SeqCst);
+        self.wake_peer();
+    }
+
+    /// The peer's count of payloads taken from slot `k` of our mailbox.
+    pub fn peer_took(&self, k: usize) -> u32 {
+        let at = self.seg.layout().took(self.side, k);
+        self.seg.word32(at).load(Ordering::SeqCst)
+    }
+
+    /// The first line of slot `k` of the peer's mailbox, byte for byte.
+    pub fn peer_slot_line(&self, k: usize) -> [u8; 64] {
+        let mut line = [0u8; 64];
+        let at = self.seg.layout().slot(self.side.peer(), k);
+        self.seg.get_bytes(at, &mut line);
+        line
+    }
+
+    /// Takes the payload slot `k` of the peer's mailbox holds, if it holds one we have not
+    /// taken (its payload cut to [`SLOT_BYTES`]), and counts it taken.
+    pub fn take_slot(&mut self, k: usize) -> Option<RawSlot> {
+        let at = self.seg.layout().slot(self.side.peer(), k);
+        let put = self
+            .seg
+            .word32(at + offsets::SLOT_PUT)
+            .load(Ordering::Acquire);
+        if put == self.took[k % SLOTS] {
+            return None;
+        }
+        let len = self
+            .seg
+            .word32(at + offsets::SLOT_LEN)
+            .load(Ordering::Relaxed);
+        let mut payload = vec![0u8; (len as usize).min(SLOT_BYTES)];
+        self.seg.get_bytes(at + offsets::SLOT_PAYLOAD, &mut payload);
+        let slot = RawSlot {
+            len,
+            op: self
+                .seg
+                .word64(at + offsets::SLOT_OP)
+                .load(Ordering::Relaxed),
+            step: self
+                .seg
+                .word32(at + offsets::SLOT_STEP)
+                .load(Ordering::Relaxed),
+            codes: self
+                .seg
+                .word32(at + offsets::SLOT_CODES)
+                .load(Ordering::Relaxed),
+            offset: self
+                .seg
+                .word64(at + offsets::SLOT_OFFSET)
+                .load(Ordering::Relaxed),
+            payload,
+        };
+        self.took[k % SLOTS] = put;
+        let took = self.seg.layout().took(self.side.peer(), k);
+        self.seg.word32(took).store(put, Ordering::Release);
+        Some(slot)
+    }
+
     /// Whether the peer has set its closed word.
     pub fn peer_closed(&self) -> bool {
         let layout = *self.seg.layout();
@@ -134,4 +223,18 @@ impl RawShm {
         bell.fetch_add(1, Ordering::SeqCst);
         futex::wake(bell);
     }
+}
+
+/// A mailbox slot's fields as raw words (`protocol/SPEC.md`, "Mailboxes"), as a raw end
+/// writes or reads them: nothing is checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawSlot {
+    /// The payload's length as written (a well-behaved writer keeps it to `SLOT_BYTES`).
+    pub len: u32,
+    pub op: u64,
+    pub step: u32,
+    /// The collective's code in the low byte, the dtype's in the next.
+    pub codes: u32,
+    pub offset: u64,
+    pub payload: Vec<u8>,
 }

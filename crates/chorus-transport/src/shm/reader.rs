@@ -69,12 +69,14 @@ impl Shared {
         }
     }
 
-    /// Whether the peer's ring holds bytes we have not taken (a bad index counts: the
-    /// next pass reports it). A reader busy right now takes them itself: no.
+    /// Whether the peer's ring or mailbox holds bytes we have not taken (a bad index
+    /// counts: the next pass reports it). A reader busy right now takes them itself: no.
     pub(super) fn readable(&self) -> bool {
         let tail = self.tail(self.me.peer()).load(Ordering::SeqCst);
         match self.reader.try_lock() {
-            Some(st) => st.ended.is_none() && tail != st.consumer.head(),
+            Some(st) => {
+                st.ended.is_none() && (tail != st.consumer.head() || self.mail_waiting(&st))
+            }
             None => false,
         }
     }
@@ -87,6 +89,11 @@ impl Shared {
         let mut taken = 0;
         loop {
             let tail = self.tail(peer).load(Ordering::Acquire);
+            // After the tail, before its bytes: see `mailbox.rs` on departures.
+            match self.sweep(st, claim) {
+                Ok(n) => taken += n,
+                Err(flow) => return st.end(flow_depart(flow)),
+            }
             let spans = match st.consumer.readable(tail, usize::MAX) {
                 Ok(spans) => spans,
                 Err(e) => return st.end(flow_depart(self.ring_violation(&e))),
@@ -128,7 +135,7 @@ impl Shared {
 }
 
 /// What a pass does with a chunk under the tag a receive on its thread waits for.
-enum Claim {
+pub(super) enum Claim {
     /// Deliver every frame to the matcher (the pump, a placing pass).
     None,
     /// Keep the first chunk under this tag.
@@ -226,6 +233,10 @@ impl Shared {
                 n => n,
             };
             let tail = self.tail(peer).load(Ordering::Acquire);
+            match self.sweep(st, &mut Claim::None) {
+                Ok(n) => taken += n,
+                Err(flow) => return Placed::Not(st.end(flow_depart(flow))),
+            }
             let spans = match st.consumer.readable(tail, want) {
                 Ok(spans) => spans,
                 Err(e) => return Placed::Not(st.end(flow_depart(self.ring_violation(&e)))),
@@ -352,7 +363,7 @@ impl Shared {
         }
     }
 
-    fn ring_violation(&self, e: &RingError) -> Flow {
+    pub(super) fn ring_violation(&self, e: &RingError) -> Flow {
         inbound::on_violation(
             &self.matcher,
             CloseCode::PROTOCOL_VIOLATION,

@@ -13,8 +13,8 @@ use std::ops::Range;
 
 /// The segment's first eight bytes.
 pub const MAGIC: [u8; 8] = *b"CHORSHM1";
-/// The layout version this code writes and reads.
-pub const VERSION: u32 = 1;
+/// The layout version this code writes and reads (2: the mailboxes).
+pub const VERSION: u32 = 2;
 /// Bytes before the first ring's data: the header and the control words.
 pub const DATA_OFFSET: usize = 4096;
 /// The smallest ring capacity (one page: a frame header always fits many times).
@@ -40,6 +40,51 @@ pub mod offsets {
     pub const RING: usize = 384;
     pub const RING_STRIDE: usize = 256;
     pub const HEAD: usize = 128;
+    /// Slot `k` of the mailbox side `s` writes, at `MAILBOX + s * MAILBOX_STRIDE + k *
+    /// SLOT_STRIDE`: one line of `SLOT_*` fields, the next left empty.
+    pub const MAILBOX: usize = 1024;
+    pub const MAILBOX_STRIDE: usize = 1024;
+    pub const SLOT_STRIDE: usize = 128;
+    /// A slot's fields: its producer's count of payloads put (published last), the
+    /// payload's length, the tag's op, step, collective and dtype codes and offset, then
+    /// the payload.
+    pub const SLOT_PUT: usize = 0;
+    pub const SLOT_LEN: usize = 4;
+    pub const SLOT_OP: usize = 8;
+    pub const SLOT_STEP: usize = 16;
+    pub const SLOT_CODES: usize = 20;
+    pub const SLOT_OFFSET: usize = 24;
+    pub const SLOT_PAYLOAD: usize = 32;
+    /// The count of payloads the consumer took from each slot of the mailbox side `s`
+    /// writes, 4 bytes per slot, at `TOOK + s * TOOK_STRIDE + 4 k`.
+    pub const TOOK: usize = 3072;
+    pub const TOOK_STRIDE: usize = 128;
+}
+
+/// Slots in each mailbox.
+pub const SLOTS: usize = 8;
+/// The largest payload a mailbox slot carries.
+pub const SLOT_BYTES: usize = 32;
+
+/// The slot a payload of operation `op`, step `step` goes through: both ends compute it
+/// from the tag alone.
+pub fn slot_of(op: u64, step: u32) -> usize {
+    (op.wrapping_add(u64::from(step)) % SLOTS as u64) as usize
+}
+
+/// A slot's length and codes words as the peer wrote them, checked: the payload's length
+/// (at most [`SLOT_BYTES`]), the collective's code and the dtype's (whether the engine
+/// knows them is the caller's to check). Codes with any of the high 16 bits set are an
+/// error.
+pub fn check_slot(len: u32, codes: u32) -> Result<(usize, u8, u8), RingError> {
+    let len = match usize::try_from(len) {
+        Ok(n) if n <= SLOT_BYTES => n,
+        _ => return Err(RingError::SlotLength(len)),
+    };
+    if codes >> 16 != 0 {
+        return Err(RingError::SlotCodes(codes));
+    }
+    Ok((len, codes as u8, (codes >> 8) as u8))
 }
 
 /// One end of a segment: the connector creates the segment and is side 0.
@@ -78,6 +123,8 @@ pub enum RingError {
     Capacity(u64),
     Length { len: u64, want: u64 },
     Index { index: u64, low: u64, high: u64 },
+    SlotLength(u32),
+    SlotCodes(u32),
 }
 
 impl std::fmt::Display for RingError {
@@ -95,6 +142,12 @@ impl std::fmt::Display for RingError {
             }
             RingError::Index { index, low, high } => {
                 write!(f, "peer's ring index {index} is outside [{low}, {high}]")
+            }
+            RingError::SlotLength(len) => {
+                write!(f, "mailbox slot holds {len} bytes, more than {SLOT_BYTES}")
+            }
+            RingError::SlotCodes(codes) => {
+                write!(f, "mailbox slot's codes {codes:#010x} set reserved bits")
             }
         }
     }
@@ -178,6 +231,17 @@ impl Layout {
     /// Offset of the head of the ring side `s` writes (its consumer, the peer, owns it).
     pub fn head(&self, s: Side) -> usize {
         self.tail(s) + offsets::HEAD
+    }
+
+    /// Offset of slot `k` of the mailbox side `s` writes (`k < SLOTS`).
+    pub fn slot(&self, s: Side, k: usize) -> usize {
+        offsets::MAILBOX + s.index() * offsets::MAILBOX_STRIDE + (k % SLOTS) * offsets::SLOT_STRIDE
+    }
+
+    /// Offset of the count of payloads the other side took from slot `k` of the mailbox
+    /// side `s` writes.
+    pub fn took(&self, s: Side, k: usize) -> usize {
+        offsets::TOOK + s.index() * offsets::TOOK_STRIDE + (k % SLOTS) * 4
     }
 
     /// The data bytes of the ring side `s` writes.
@@ -352,10 +416,11 @@ mod tests {
         bad[0] ^= 1;
         assert_eq!(Layout::parse(&bad, l.size() as u64), Err(RingError::Magic));
         let mut bad = h;
-        bad[8] = 2;
+        bad[8] = 1;
         assert_eq!(
             Layout::parse(&bad, l.size() as u64),
-            Err(RingError::Version(2))
+            Err(RingError::Version(1)),
+            "a segment without mailboxes is refused"
         );
         for cap in [0u64, 3, 2048, 4097, 1 << 40] {
             let mut bad = h;
@@ -400,6 +465,51 @@ mod tests {
             [384, 512, 640, 768]
         );
         assert_eq!(l.data(a).start, 4096 + (4 << 20));
+        assert_eq!(
+            [l.slot(c, 0), l.slot(c, 7), l.slot(a, 0)],
+            [1024, 1920, 2048]
+        );
+        assert_eq!(
+            [l.took(c, 0), l.took(c, 7), l.took(a, 0)],
+            [3072, 3100, 3200]
+        );
+    }
+
+    #[test]
+    fn mailboxes_fit_the_header_page_apart_from_the_words_and_each_other() {
+        let l = layout();
+        for s in [Side::Connector, Side::Acceptor] {
+            for k in 0..SLOTS {
+                let slot = l.slot(s, k);
+                assert!(
+                    slot >= l.head(Side::Acceptor) + 128,
+                    "slot {k} after the words"
+                );
+                assert!(slot + offsets::SLOT_PAYLOAD + SLOT_BYTES <= 64 + slot);
+                assert!(slot + offsets::SLOT_STRIDE <= offsets::TOOK);
+                assert!(l.took(s, k) + 4 <= DATA_OFFSET);
+            }
+            for k in 1..SLOTS {
+                assert!(l.slot(s, k) - l.slot(s, k - 1) >= 128, "slots share a line");
+            }
+        }
+        assert!(l.took(Side::Acceptor, 0) - l.took(Side::Connector, 0) >= 128);
+    }
+
+    #[test]
+    fn a_slot_is_picked_by_the_tag_and_its_length_is_checked() {
+        assert_eq!(slot_of(5, 0), 5);
+        assert_eq!(slot_of(7, 2), 1);
+        assert_eq!(slot_of(u64::MAX, 1), 0, "wraps");
+        assert!((0..100).all(|op| slot_of(op, 3) < SLOTS));
+        assert_eq!(check_slot(0, 0), Ok((0, 0, 0)));
+        assert_eq!(check_slot(32, 0x0109), Ok((32, 9, 1)));
+        assert_eq!(check_slot(33, 0), Err(RingError::SlotLength(33)));
+        assert_eq!(
+            check_slot(u32::MAX, 0),
+            Err(RingError::SlotLength(u32::MAX))
+        );
+        assert_eq!(check_slot(8, 0x1_0000), Err(RingError::SlotCodes(0x1_0000)));
     }
 
     #[test]

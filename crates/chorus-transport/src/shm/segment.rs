@@ -142,6 +142,34 @@ impl Segment {
         unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
     }
 
+    /// Copies `src` into the header page at `off` (a mailbox slot's payload).
+    pub(crate) fn put_bytes(&self, off: usize, src: &[u8]) {
+        assert!(
+            off + src.len() <= super::ring::DATA_OFFSET,
+            "bytes outside the header page"
+        );
+        // SAFETY: the destination lies inside the mapping's header page (asserted above)
+        // and cannot overlap `src`, private memory. The peer may read these bytes while we
+        // write them; it only ever copies them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.as_ptr().add(off), src.len());
+        }
+    }
+
+    /// Copies the header page's bytes at `off` into `dst` (a mailbox slot's payload).
+    pub(crate) fn get_bytes(&self, off: usize, dst: &mut [u8]) {
+        assert!(
+            off + dst.len() <= super::ring::DATA_OFFSET,
+            "bytes outside the header page"
+        );
+        // SAFETY: the source lies inside the mapping's header page (asserted above); the
+        // destination is private memory. The peer may write the source meanwhile: the bytes
+        // are a payload no rule constrains, so garbage is the peer's wrong data.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.base.as_ptr().add(off), dst.as_mut_ptr(), dst.len());
+        }
+    }
+
     /// Sets side `s`'s one-way closed word and wakes the other side, whatever it sleeps
     /// for: the connection-level close.
     pub(crate) fn close(&self, s: Side) {

@@ -15,8 +15,9 @@ use chorus_protocol::{Decoder, Envelope};
 use parking_lot::Mutex;
 
 use super::futex;
+use super::mailbox::MailOut;
 use super::process::PeerProcess;
-use super::ring::{Consumer, Producer, Side};
+use super::ring::{Consumer, Producer, SLOTS, Side};
 use super::segment::Segment;
 use crate::config::TransportConfig;
 use crate::matcher::Matcher;
@@ -33,6 +34,8 @@ pub(super) struct Shared {
     pub(super) outbound: Arc<Mutex<Outbound>>,
     /// Our ring's tail. Taken by whoever holds the wire (see `Outbound::is_idle`).
     pub(super) producer: Mutex<Producer>,
+    /// Our mailbox's counts (`mailbox.rs`).
+    pub(super) mail_out: Mutex<MailOut>,
     pub(super) process: PeerProcess,
     pub(super) depart_timeout: Duration,
     /// The pump sleeps with `sleeping` set: the peer wakes it on progress, so a parked
@@ -50,6 +53,8 @@ pub(super) struct ReadState {
     /// Where a reducing placement stages each block of ring bytes for the kernel
     /// (`reader::BOUNCE` bytes, 8-byte aligned for every element type), made on first use.
     pub(super) bounce: Vec<u64>,
+    /// Payloads taken from each slot of the peer's mailbox (`mailbox.rs`).
+    pub(super) took: [u32; SLOTS],
 }
 
 impl Shared {
@@ -74,9 +79,11 @@ impl Shared {
                 decoder,
                 ended: None,
                 bounce: Vec::new(),
+                took: [0; SLOTS],
             }),
             outbound: Arc::new(Mutex::new(outbound)),
             producer: Mutex::new(Producer::new(&layout)),
+            mail_out: Mutex::new(MailOut::default()),
             process,
             depart_timeout: cfg.depart_timeout,
             watching: AtomicBool::new(false),
