@@ -1045,8 +1045,9 @@ fn golden_slot() -> Vec<u8> {
         .collect()
 }
 
-/// A payload of at most a slot goes into the slot its tag picks, written as the spec's
-/// golden line, and not into the ring; the raw end takes it and the slot is free again.
+/// A payload of at most a slot (bytes or a token) goes into the slot its tag picks, written
+/// as the spec's golden line, and not into the ring; the raw end takes it and the slot is
+/// free again.
 #[test]
 fn a_small_payload_travels_in_the_mailbox_as_the_spec_writes_it() {
     shared(async {
@@ -1082,6 +1083,13 @@ fn a_small_payload_travels_in_the_mailbox_as_the_spec_writes_it() {
         assert_eq!(
             chunk(next_message(&mut raw, WAIT)),
             (OpSeq(6), Bytes::from_static(SMALL))
+        );
+        // A token handed over as a payload (a barrier's, a credit): the mailbox too.
+        link.send(tag(7, 0), Bytes::new()).await.unwrap();
+        assert_eq!(raw.take_slot(7), Some(slot_for(tag(7, 0), b"")));
+        assert!(
+            raw.read(Duration::from_millis(20)).is_empty(),
+            "nothing in the ring"
         );
     });
 }

@@ -1,9 +1,9 @@
 //! `ShmLink`: the engine's `Link` over one segment shared with a peer on this host.
 //!
 //! A `send` that finds the stream idle copies its frame into our ring on the caller's
-//! thread; only what the ring has no room for goes to the pump. A `send_bytes_now` of at
-//! most 32 bytes goes into our mailbox instead when its slot is free (`mailbox.rs`): no
-//! frame at all. A `recv` that finds nothing
+//! thread; only what the ring has no room for goes to the pump. A payload of at most 32
+//! bytes (`send_bytes_now`'s, or a token or credit handed to `send`) goes into our mailbox
+//! instead when its slot is free (`mailbox.rs`): no frame at all. A `recv` that finds nothing
 //! held reads the peer's ring itself for a while (the same adaptive, crowded-core-aware
 //! window as TCP's, `spin.rs`, counted from the last bytes taken: `patience.rs`), then
 //! parks and leaves the ring to the pump, which the peer wakes through the segment's futex.
@@ -414,6 +414,11 @@ impl Link<Bytes> for ShmLink {
     }
 
     fn send(&self, tag: Tag, payload: Bytes) -> LinkFuture<'_, ()> {
+        // A barrier's token or a pipeline's credit: empty, into the mailbox like a small
+        // exchange's bytes.
+        if self.shared.post(&tag, &payload) {
+            return Box::pin(std::future::ready(Ok(())));
+        }
         Box::pin(async move {
             let matcher = &*self.shared.matcher;
             let len = payload.len();
