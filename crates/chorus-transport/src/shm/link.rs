@@ -414,8 +414,8 @@ impl Link<Bytes> for ShmLink {
     }
 
     fn send(&self, tag: Tag, payload: Bytes) -> LinkFuture<'_, ()> {
-        // A barrier's token or a pipeline's credit: empty, into the mailbox like a small
-        // exchange's bytes.
+        // A payload that fits a slot (a barrier's token, a pipeline's credit): into the
+        // mailbox, like a small exchange's bytes.
         if self.shared.post(&tag, &payload) {
             return Box::pin(std::future::ready(Ok(())));
         }
