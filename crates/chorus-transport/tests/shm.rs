@@ -1028,23 +1028,6 @@ fn slot_for(t: chorus_engine::link::Tag, payload: &[u8]) -> RawSlot {
     }
 }
 
-/// The golden slot line, `protocol/vectors/shm-slot.hex`.
-fn golden_slot() -> Vec<u8> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../protocol/vectors/shm-slot.hex"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    let hex: String = text
-        .lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .flat_map(|l| l.chars().filter(char::is_ascii_hexdigit))
-        .collect();
-    (0..hex.len() / 2)
-        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-        .collect()
-}
-
 /// A payload of at most a slot (bytes or a token) goes into the slot its tag picks, written
 /// as the spec's golden line, and not into the ring; the raw end takes it and the slot is
 /// free again.
@@ -1065,7 +1048,7 @@ fn a_small_payload_travels_in_the_mailbox_as_the_spec_writes_it() {
         link.send_bytes_now(t5, &value).unwrap().unwrap();
         assert_eq!(
             &raw.peer_slot_line(5)[..],
-            &golden_slot()[..],
+            &vector("shm-slot")[..],
             "update SPEC.md"
         );
         assert!(

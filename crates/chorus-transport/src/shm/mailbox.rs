@@ -24,7 +24,7 @@ use chorus_engine::link::Tag;
 use chorus_protocol::{CloseCode, Collective, DType, OpSeq};
 
 use super::reader::Claim;
-use super::ring::{SLOT_BYTES, SLOTS, check_slot, offsets, slot_of};
+use super::ring::{SLOT_BYTES, SLOTS, SlotHead, check_slot, offsets, slot_of};
 use super::shared::{ReadState, Shared};
 use crate::inbound::{self, Flow};
 
@@ -63,20 +63,22 @@ impl Shared {
                 return false;
             }
         }
-        let word32 = |at: usize| self.seg.word32(slot + at);
-        let word64 = |at: usize| self.seg.word64(slot + at);
-        // In range: `data.len() <= SLOT_BYTES`.
-        word32(offsets::SLOT_LEN).store(data.len() as u32, Ordering::Relaxed);
-        word64(offsets::SLOT_OP).store(tag.op.0, Ordering::Relaxed);
-        word32(offsets::SLOT_STEP).store(tag.step, Ordering::Relaxed);
-        let codes = u32::from(tag.collective.code()) | u32::from(tag.dtype.code()) << 8;
-        word32(offsets::SLOT_CODES).store(codes, Ordering::Relaxed);
-        word64(offsets::SLOT_OFFSET).store(tag.offset, Ordering::Relaxed);
+        let head = SlotHead {
+            // In range: `data.len() <= SLOT_BYTES`.
+            len: data.len() as u32,
+            op: tag.op.0,
+            step: tag.step,
+            codes: u32::from(tag.collective.code()) | u32::from(tag.dtype.code()) << 8,
+            offset: tag.offset,
+        };
+        self.seg.store_slot_head(slot, &head);
         self.seg.put_bytes(slot + offsets::SLOT_PAYLOAD, data);
         let put = put.wrapping_add(1);
         // SeqCst, as the ring's tail: either the peer's re-check after it set `sleeping`
         // sees this count, or `notify_peer` sees its `sleeping`.
-        word32(offsets::SLOT_PUT).store(put, Ordering::SeqCst);
+        self.seg
+            .word32(slot + offsets::SLOT_PUT)
+            .store(put, Ordering::SeqCst);
         out.put[k] = put;
         drop(out);
         self.notify_peer();
@@ -109,11 +111,9 @@ impl Shared {
             if put == st.took[k] {
                 continue;
             }
-            let word32 = |at: usize| self.seg.word32(slot + at).load(Ordering::Relaxed);
-            let word64 = |at: usize| self.seg.word64(slot + at).load(Ordering::Relaxed);
+            let head = self.seg.load_slot_head(slot);
             let (len, collective, dtype) =
-                check_slot(word32(offsets::SLOT_LEN), word32(offsets::SLOT_CODES))
-                    .map_err(|e| self.ring_violation(&e))?;
+                check_slot(head.len, head.codes).map_err(|e| self.ring_violation(&e))?;
             let (Some(collective), Some(dtype)) =
                 (Collective::from_code(collective), DType::from_code(dtype))
             else {
@@ -127,9 +127,9 @@ impl Shared {
             };
             let tag = Tag {
                 collective,
-                op: OpSeq(word64(offsets::SLOT_OP)),
-                step: word32(offsets::SLOT_STEP),
-                offset: word64(offsets::SLOT_OFFSET),
+                op: OpSeq(head.op),
+                step: head.step,
+                offset: head.offset,
                 dtype,
             };
             let mut buf = [0u8; SLOT_BYTES];

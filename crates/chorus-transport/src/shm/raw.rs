@@ -9,7 +9,7 @@ use bytes::BytesMut;
 use chorus_protocol::{Decoder, Encoder, Envelope};
 
 use super::futex;
-use super::ring::{Consumer, Producer, SLOT_BYTES, SLOTS, Side, offsets};
+use super::ring::{Consumer, Producer, SLOT_BYTES, SLOTS, Side, SlotHead, offsets};
 use super::segment::Segment;
 
 /// One end of a segment, driven by hand. The caller owns the close ([`RawShm::close`]).
@@ -122,21 +122,16 @@ impl RawShm {
     /// `put` last, and wakes the peer.
     pub fn write_slot(&mut self, k: usize, slot: &RawSlot, put: u32) {
         let at = self.seg.layout().slot(self.side, k);
-        self.seg
-            .word32(at + offsets::SLOT_LEN)
-            .store(slot.len, Ordering::Relaxed);
-        self.seg
-            .word64(at + offsets::SLOT_OP)
-            .store(slot.op, Ordering::Relaxed);
-        self.seg
-            .word32(at + offsets::SLOT_STEP)
-            .store(slot.step, Ordering::Relaxed);
-        self.seg
-            .word32(at + offsets::SLOT_CODES)
-            .store(slot.codes, Ordering::Relaxed);
-        self.seg
-            .word64(at + offsets::SLOT_OFFSET)
-            .store(slot.offset, Ordering::Relaxed);
+        self.seg.store_slot_head(
+            at,
+            &SlotHead {
+                len: slot.len,
+                op: slot.op,
+                step: slot.step,
+                codes: slot.codes,
+                offset: slot.offset,
+            },
+        );
         let n = slot.payload.len().min(SLOT_BYTES);
         self.seg
             .put_bytes(at + offsets::SLOT_PAYLOAD, &slot.payload[..n]);
@@ -171,30 +166,15 @@ impl RawShm {
         if put == self.took[k % SLOTS] {
             return None;
         }
-        let len = self
-            .seg
-            .word32(at + offsets::SLOT_LEN)
-            .load(Ordering::Relaxed);
-        let mut payload = vec![0u8; (len as usize).min(SLOT_BYTES)];
+        let head = self.seg.load_slot_head(at);
+        let mut payload = vec![0u8; (head.len as usize).min(SLOT_BYTES)];
         self.seg.get_bytes(at + offsets::SLOT_PAYLOAD, &mut payload);
         let slot = RawSlot {
-            len,
-            op: self
-                .seg
-                .word64(at + offsets::SLOT_OP)
-                .load(Ordering::Relaxed),
-            step: self
-                .seg
-                .word32(at + offsets::SLOT_STEP)
-                .load(Ordering::Relaxed),
-            codes: self
-                .seg
-                .word32(at + offsets::SLOT_CODES)
-                .load(Ordering::Relaxed),
-            offset: self
-                .seg
-                .word64(at + offsets::SLOT_OFFSET)
-                .load(Ordering::Relaxed),
+            len: head.len,
+            op: head.op,
+            step: head.step,
+            codes: head.codes,
+            offset: head.offset,
             payload,
         };
         self.took[k % SLOTS] = put;

@@ -66,6 +66,18 @@ pub const SLOTS: usize = 8;
 /// The largest payload a mailbox slot carries.
 pub const SLOT_BYTES: usize = 32;
 
+/// A slot's words before its payload, as stored (every one the writer's to choose: the
+/// reader checks `len` and `codes` with [`check_slot`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotHead {
+    pub len: u32,
+    pub op: u64,
+    pub step: u32,
+    /// The collective's code in the low byte, the dtype's in the next.
+    pub codes: u32,
+    pub offset: u64,
+}
+
 /// The slot a payload of operation `op`, step `step` goes through: both ends compute it
 /// from the tag alone.
 pub fn slot_of(op: u64, step: u32) -> usize {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
-use super::ring::{Layout, RingError, Side, Spans};
+use super::ring::{Layout, RingError, Side, SlotHead, Spans, offsets};
 
 /// The seals a segment must carry: its size is fixed for its whole life.
 const SEALS: SealFlags = SealFlags::SHRINK
@@ -140,6 +140,34 @@ impl Segment {
         debug_assert!(off.is_multiple_of(8) && off + 8 <= super::ring::DATA_OFFSET);
         // SAFETY: as in `word32`.
         unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    /// Stores the head of the mailbox slot at `slot` (its count and payload are the
+    /// caller's, published after this).
+    pub(crate) fn store_slot_head(&self, slot: usize, head: &SlotHead) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.word32(slot + offsets::SLOT_LEN)
+            .store(head.len, Relaxed);
+        self.word64(slot + offsets::SLOT_OP).store(head.op, Relaxed);
+        self.word32(slot + offsets::SLOT_STEP)
+            .store(head.step, Relaxed);
+        self.word32(slot + offsets::SLOT_CODES)
+            .store(head.codes, Relaxed);
+        self.word64(slot + offsets::SLOT_OFFSET)
+            .store(head.offset, Relaxed);
+    }
+
+    /// Loads the head of the mailbox slot at `slot`, as the writer left it (read its count
+    /// first, with acquire).
+    pub(crate) fn load_slot_head(&self, slot: usize) -> SlotHead {
+        use std::sync::atomic::Ordering::Relaxed;
+        SlotHead {
+            len: self.word32(slot + offsets::SLOT_LEN).load(Relaxed),
+            op: self.word64(slot + offsets::SLOT_OP).load(Relaxed),
+            step: self.word32(slot + offsets::SLOT_STEP).load(Relaxed),
+            codes: self.word32(slot + offsets::SLOT_CODES).load(Relaxed),
+            offset: self.word64(slot + offsets::SLOT_OFFSET).load(Relaxed),
+        }
     }
 
     /// Copies `src` into the header page at `off` (a mailbox slot's payload).
