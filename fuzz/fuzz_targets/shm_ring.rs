@@ -2,16 +2,16 @@
 //! interleaving of bytes written into the ring and tail indices published, fed through the
 //! ring arithmetic into the protocol decoder of a data stream, as the link's reader does.
 //!
-//! Beside the ring, the mailbox: the peer writes any of a slot's 64 bytes, and the reader
+//! Beside the ring, the mailbox: the peer writes any of a slot's bytes, and the reader
 //! sweeps every slot whose count moved, as `mailbox.rs` does.
 //!
 //! Input: byte 0 picks the ring capacity (4 KiB to 64 KiB); then records of 9 bytes, an op
 //! and a little-endian value: op 0 mod 4, the peer writes up to 511 of the following input
-//! bytes at some place in the ring; op 2 mod 4, it writes up to 64 of them into the slot
-//! the value picks, and the reader sweeps; op odd, it publishes a tail (near our head, or
+//! bytes at some place in the ring; op 2 mod 4, it writes up to 255 of them at some place in
+//! the slot the value picks, and the reader sweeps; op odd, it publishes a tail (near our head, or
 //! any value). The last 32 bytes are also parsed as a segment header. Oracles: no panic;
 //! every span lies inside the ring and holds at most a ring; a refused index, slot or
-//! frame ends the stream (the link closes); a slot's payload is read from inside its line;
+//! frame ends the stream (the link closes); a slot's payload is read from inside its slot;
 //! and the decoder never holds more than the frame in progress allows.
 #![no_main]
 
@@ -58,12 +58,12 @@ fuzz_target!(|data: &[u8]| {
     );
     let mut bytes = vec![0u8; cap];
     let mut consumer = ring::Consumer::new(&layout);
-    // The peer's mailbox: each slot's first line as the peer left it, and our counts.
-    let mut slots = [[0u8; 64]; ring::SLOTS];
+    // The peer's mailbox: each slot as the peer left it, and our counts.
+    let mut slots = [[0u8; SLOT]; ring::SLOTS];
     let mut took = [0u32; ring::SLOTS];
     for k in 0..ring::SLOTS {
         let at = layout.slot(ring::Side::Connector, k);
-        assert!(at >= layout.head(ring::Side::Acceptor) + 8 && at + 64 <= ring::DATA_OFFSET);
+        assert!(at >= layout.head(ring::Side::Acceptor) + 8 && at + SLOT <= ring::DATA_OFFSET);
         assert!(layout.took(ring::Side::Connector, k) + 4 <= ring::DATA_OFFSET);
     }
     while let Some((record, rest)) = input.split_at_checked(9) {
@@ -71,10 +71,10 @@ fuzz_target!(|data: &[u8]| {
         let value = u64::from_le_bytes(record[1..9].try_into().unwrap_or_default());
         if record[0] % 4 == 2 {
             let k = ring::slot_of(value, (value >> 32) as u32);
-            let n = (value as usize >> 8 & 63).min(input.len());
-            let at = value as usize >> 16 & 63;
+            let n = (value as usize >> 8 & 255).min(input.len());
+            let at = (value as usize >> 16 & 0xffff) % SLOT;
             for (i, b) in input[..n].iter().enumerate() {
-                slots[k][(at + i) % 64] = *b;
+                slots[k][(at + i) % SLOT] = *b;
             }
             input = &input[n..];
             if sweep(&slots, &mut took).is_err() {
@@ -121,11 +121,14 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
+/// A slot's bytes: its fields and its payload, up to the next slot.
+const SLOT: usize = ring::offsets::SLOT_STRIDE;
+
 /// The reader's sweep of the mailbox (`mailbox.rs`): every slot whose count moved is
-/// checked and its payload copied out of its line, or the stream ends.
-fn sweep(slots: &[[u8; 64]; ring::SLOTS], took: &mut [u32; ring::SLOTS]) -> Result<(), ()> {
+/// checked and its payload copied out of the slot, or the stream ends.
+fn sweep(slots: &[[u8; SLOT]; ring::SLOTS], took: &mut [u32; ring::SLOTS]) -> Result<(), ()> {
     use ring::offsets::{SLOT_CODES, SLOT_LEN, SLOT_PAYLOAD, SLOT_PUT};
-    let word = |line: &[u8; 64], at: usize| {
+    let word = |line: &[u8; SLOT], at: usize| {
         u32::from_le_bytes(line[at..at + 4].try_into().unwrap_or_default())
     };
     for (k, line) in slots.iter().enumerate() {
@@ -139,8 +142,8 @@ fn sweep(slots: &[[u8; 64]; ring::SLOTS], took: &mut [u32; ring::SLOTS]) -> Resu
             return Err(());
         }
         assert!(len <= ring::SLOT_BYTES && SLOT_PAYLOAD + len <= line.len());
-        let mut payload = [0u8; ring::SLOT_BYTES];
-        payload[..len].copy_from_slice(&line[SLOT_PAYLOAD..SLOT_PAYLOAD + len]);
+        let payload = line[SLOT_PAYLOAD..SLOT_PAYLOAD + len].to_vec();
+        assert_eq!(payload.len(), len);
         took[k] = put;
     }
     Ok(())

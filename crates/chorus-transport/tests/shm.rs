@@ -14,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use chorus_engine::link::{CancelReason, Link, LinkError};
 use chorus_protocol::message::{ChunkHeader, Depart, Message, Role};
 use chorus_protocol::{CloseCode, DType, JobSecret, OpSeq, Rank};
+use chorus_transport::shm::ring::SLOT_BYTES;
 use chorus_transport::{
     RawShm, RawSlot, ShmLink, ShmListener, ShmTransport, TransportConfig, admit_all, fresh,
 };
@@ -123,8 +124,8 @@ async fn send_once_the_window_reopens(link: &ShmLink, tag: chorus_engine::link::
 }
 
 /// A small payload that still goes through the ring: longer than a mailbox slot takes.
-const SMALL: &[u8] = b"a small frame, longer than a mailbox slot takes";
-const LATER: &[u8] = b"a later frame, longer than a mailbox slot takes";
+const SMALL: &[u8] = &[b's'; SLOT_BYTES + 1];
+const LATER: &[u8] = &[b'l'; SLOT_BYTES + 100];
 
 /// The sequence number and payload of a chunk the raw peer read.
 fn chunk(m: Option<Message>) -> (OpSeq, Bytes) {
@@ -1060,6 +1061,10 @@ fn a_small_payload_travels_in_the_mailbox_as_the_spec_writes_it() {
         // The slot is free again: the next payload through it is in the mailbox too.
         link.send_bytes_now(tag(13, 0), b"again").unwrap().unwrap();
         assert_eq!(raw.take_slot(5), Some(slot_for(tag(13, 0), b"again")));
+        // As long as a slot takes (past the first line): the mailbox, every byte.
+        let full = pattern(SLOT_BYTES, 3);
+        link.send_bytes_now(tag(14, 0), &full).unwrap().unwrap();
+        assert_eq!(raw.take_slot(6), Some(slot_for(tag(14, 0), &full)));
         // Longer than a slot: the ring.
         link.send_bytes_now(tag(6, 0), SMALL).unwrap().unwrap();
         assert_eq!(raw.take_slot(6), None);
@@ -1118,7 +1123,7 @@ fn the_link_receives_from_the_mailbox() {
         assert_eq!(&got[..], b"parked");
         let mut raw = writer.await.unwrap();
         assert_eq!(&link.recv(tag(1, 0)).await.unwrap()[..], b"held");
-        // Into a destination, and reduced into one.
+        // Into a destination, and reduced into one (a whole slot's worth).
         raw.write_slot(3, &slot_for(tag32(3, 0), &int_bytes(&[5, 6])), 1);
         let mut dst = [0u8; 8];
         let n = link
@@ -1127,12 +1132,13 @@ fn the_link_receives_from_the_mailbox() {
             .await
             .unwrap();
         assert_eq!((n, &dst[..]), (8, &int_bytes(&[5, 6])[..]));
-        raw.write_slot(4, &slot_for(tag32(4, 0), &int_bytes(&[10, 20])), 1);
-        let mut acc = int_bytes(&[1, 2]);
+        let (mine, theirs) = (ints(SLOT_BYTES, 1), ints(SLOT_BYTES, 10));
+        raw.write_slot(4, &slot_for(tag32(4, 0), &int_bytes(&theirs)), 1);
+        let mut acc = int_bytes(&mine);
         let add = |d: &mut [u8], s: &[u8]| {
             for (d, s) in d.chunks_exact_mut(4).zip(s.chunks_exact(4)) {
                 let v = i32::from_le_bytes(d.try_into().unwrap())
-                    + i32::from_le_bytes(s.try_into().unwrap());
+                    .wrapping_add(i32::from_le_bytes(s.try_into().unwrap()));
                 d.copy_from_slice(&v.to_le_bytes());
             }
         };
@@ -1141,7 +1147,12 @@ fn the_link_receives_from_the_mailbox() {
             .unwrap()
             .await
             .unwrap();
-        assert_eq!((n, acc), (8, int_bytes(&[11, 22])));
+        let sum: Vec<i32> = mine
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| a.wrapping_add(*b))
+            .collect();
+        assert_eq!((n, acc), (SLOT_BYTES, int_bytes(&sum)));
         for k in 1..=4 {
             assert_eq!(raw.peer_took(k), 1, "slot {k} taken");
         }
@@ -1198,8 +1209,8 @@ fn a_bad_slot_is_a_protocol_violation() {
             (
                 "long",
                 RawSlot {
-                    len: 33,
-                    ..slot_for(tag(1, 0), &[7; 32])
+                    len: SLOT_BYTES as u32 + 1,
+                    ..slot_for(tag(1, 0), &[7; SLOT_BYTES])
                 },
             ),
             (

@@ -1,8 +1,8 @@
 //! `ShmLink`: the engine's `Link` over one segment shared with a peer on this host.
 //!
 //! A `send` that finds the stream idle copies its frame into our ring on the caller's
-//! thread; only what the ring has no room for goes to the pump. A payload of at most 32
-//! bytes (`send_bytes_now`'s, or a token or credit handed to `send`) goes into our mailbox
+//! thread; only what the ring has no room for goes to the pump. A payload of at most 1 KiB
+//! (`send_bytes_now`'s, or a token or credit handed to `send`) goes into our mailbox
 //! instead when its slot is free (`mailbox.rs`): no frame at all. A `recv` that finds nothing
 //! held reads the peer's ring itself for a while (the same adaptive, crowded-core-aware
 //! window as TCP's, `spin.rs`, counted from the last bytes taken: `patience.rs`), then

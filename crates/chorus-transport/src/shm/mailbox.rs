@@ -1,8 +1,10 @@
 //! The mailboxes: a small payload's lane beside the ring. Each side of a segment owns one
-//! mailbox of [`SLOTS`] one-line slots; a payload of at most [`SLOT_BYTES`] goes into the
-//! slot its tag picks ([`slot_of`]), with the tag beside it, published by one store of the
-//! slot's count. The peer finds it with one load of a line it would read anyway and copies
-//! it out: no frame to encode or decode, no sequence number, no bytes through the ring.
+//! mailbox of [`SLOTS`] slots; a payload of at most [`SLOT_BYTES`] goes into the slot its
+//! tag picks ([`slot_of`]), with the tag beside it, published by one store of the slot's
+//! count. The peer finds it with one load of a line it would read anyway and copies it out:
+//! no frame to encode or decode, no sequence number, no bytes through the ring. A payload
+//! of up to 32 bytes (a scalar's all-reduce, a token) shares the count's line, so it
+//! travels as that one line.
 //!
 //! A slot is free again once the peer's count of payloads taken from it equals ours put.
 //! A writer that finds its slot still full (a group of many small operations, a peer that
@@ -132,16 +134,16 @@ impl Shared {
                 offset: head.offset,
                 dtype,
             };
-            let mut buf = [0u8; SLOT_BYTES];
+            let mut payload = vec![0u8; len];
             self.seg
-                .get_bytes(slot + offsets::SLOT_PAYLOAD, &mut buf[..len]);
+                .get_bytes(slot + offsets::SLOT_PAYLOAD, &mut payload);
             st.took[k] = put;
             // Release: our copy is done before the peer may write the slot again.
             self.seg
                 .word32(layout.took(peer, k))
                 .store(put, Ordering::Release);
             taken += 1;
-            let payload = Bytes::copy_from_slice(&buf[..len]);
+            let payload = Bytes::from(payload);
             match claim {
                 Claim::Want(want) if *want == tag => *claim = Claim::Got(payload),
                 _ => {

@@ -6,9 +6,9 @@
 //! and passes it with `SCM_RIGHTS`, and the acceptor checks and maps it. The socket is
 //! closed after that: the frames that follow the handshake travel in the segment's two
 //! rings (`ring.rs`), and the link's end is a departure frame plus a one-way closed word in
-//! the segment. Payloads of at most 32 bytes (a scalar all-reduce's, a barrier's token, a
-//! credit) skip the frames: they go through the segment's mailboxes (`mailbox.rs`), one
-//! cache line each. A SIGKILLed peer is seen through a pidfd on the process the socket's
+//! the segment. Payloads of at most 1 KiB (a small all-reduce's, a barrier's token, a
+//! credit) skip the frames: they go through the segment's mailboxes (`mailbox.rs`); up to
+//! 32 bytes travel as one cache line. A SIGKILLed peer is seen through a pidfd on the process the socket's
 //! `SO_PEERCRED` named, a frozen one by the runtime's heartbeat deadline.
 //!
 //! Large frames go through the ring too, pipelined in pieces, rather than by a single copy

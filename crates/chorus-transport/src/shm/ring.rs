@@ -13,10 +13,12 @@ use std::ops::Range;
 
 /// The segment's first eight bytes.
 pub const MAGIC: [u8; 8] = *b"CHORSHM1";
-/// The layout version this code writes and reads (2: the mailboxes).
-pub const VERSION: u32 = 2;
-/// Bytes before the first ring's data: the header and the control words.
-pub const DATA_OFFSET: usize = 4096;
+/// The layout version this code writes and reads (2: the mailboxes; 3: slots of up to
+/// 1 KiB, after the header page).
+pub const VERSION: u32 = 3;
+/// Bytes before the first ring's data: the header page (the header and the control words),
+/// then the two mailboxes, rounded up to a page.
+pub const DATA_OFFSET: usize = 24576;
 /// The smallest ring capacity (one page: a frame header always fits many times).
 pub const MIN_CAPACITY: u64 = 4096;
 /// The largest ring capacity a segment may declare (per direction).
@@ -41,10 +43,11 @@ pub mod offsets {
     pub const RING_STRIDE: usize = 256;
     pub const HEAD: usize = 128;
     /// Slot `k` of the mailbox side `s` writes, at `MAILBOX + s * MAILBOX_STRIDE + k *
-    /// SLOT_STRIDE`: one line of `SLOT_*` fields, the next left empty.
-    pub const MAILBOX: usize = 1024;
-    pub const MAILBOX_STRIDE: usize = 1024;
-    pub const SLOT_STRIDE: usize = 128;
+    /// SLOT_STRIDE`: the `SLOT_*` fields and a payload of up to [`super::SLOT_BYTES`], on
+    /// 128-byte lines of its own. A payload of up to 32 bytes shares the fields' line.
+    pub const MAILBOX: usize = 4096;
+    pub const MAILBOX_STRIDE: usize = super::SLOTS * SLOT_STRIDE;
+    pub const SLOT_STRIDE: usize = 1152;
     /// A slot's fields: its producer's count of payloads put (published last), the
     /// payload's length, the tag's op, step, collective and dtype codes and offset, then
     /// the payload.
@@ -64,7 +67,7 @@ pub mod offsets {
 /// Slots in each mailbox.
 pub const SLOTS: usize = 8;
 /// The largest payload a mailbox slot carries.
-pub const SLOT_BYTES: usize = 32;
+pub const SLOT_BYTES: usize = 1024;
 
 /// A slot's words before its payload, as stored (every one the writer's to choose: the
 /// reader checks `len` and `codes` with [`check_slot`]).
@@ -476,10 +479,12 @@ mod tests {
             [l.tail(c), l.head(c), l.tail(a), l.head(a)],
             [384, 512, 640, 768]
         );
-        assert_eq!(l.data(a).start, 4096 + (4 << 20));
+        assert_eq!(l.data(c).start, 24576);
+        assert_eq!(l.data(a).start, 24576 + (4 << 20));
+        assert_eq!(l.size(), 24576 + (8 << 20));
         assert_eq!(
-            [l.slot(c, 0), l.slot(c, 7), l.slot(a, 0)],
-            [1024, 1920, 2048]
+            [l.slot(c, 0), l.slot(c, 7), l.slot(a, 0), l.slot(a, 7)],
+            [4096, 12160, 13312, 21376]
         );
         assert_eq!(
             [l.took(c, 0), l.took(c, 7), l.took(a, 0)],
@@ -488,23 +493,30 @@ mod tests {
     }
 
     #[test]
-    fn mailboxes_fit_the_header_page_apart_from_the_words_and_each_other() {
+    fn mailboxes_lie_between_the_header_page_and_the_rings_apart_from_each_other() {
         let l = layout();
+        let mut ends = Vec::new();
         for s in [Side::Connector, Side::Acceptor] {
             for k in 0..SLOTS {
                 let slot = l.slot(s, k);
+                assert!(slot >= 4096, "slot {k} after the header page");
+                assert!(slot.is_multiple_of(128), "slot {k} starts a line pair");
+                let end = slot + offsets::SLOT_PAYLOAD + SLOT_BYTES;
+                assert!(end <= slot + offsets::SLOT_STRIDE);
+                assert!(end <= DATA_OFFSET, "slot {k} before the rings");
+                ends.push((slot, end));
                 assert!(
-                    slot >= l.head(Side::Acceptor) + 128,
-                    "slot {k} after the words"
+                    l.took(s, k) + 4 <= 4096,
+                    "the counts stay in the header page"
                 );
-                assert!(slot + offsets::SLOT_PAYLOAD + SLOT_BYTES <= 64 + slot);
-                assert!(slot + offsets::SLOT_STRIDE <= offsets::TOOK);
-                assert!(l.took(s, k) + 4 <= DATA_OFFSET);
             }
             for k in 1..SLOTS {
-                assert!(l.slot(s, k) - l.slot(s, k - 1) >= 128, "slots share a line");
+                let (prev_end, next) = (ends[ends.len() - SLOTS + k - 1].1, l.slot(s, k));
+                assert!(prev_end.div_ceil(128) * 128 <= next, "slots share a line");
             }
         }
+        assert!(ends[SLOTS - 1].1 <= l.slot(Side::Acceptor, 0));
+        assert!(DATA_OFFSET.is_multiple_of(4096));
         assert!(l.took(Side::Acceptor, 0) - l.took(Side::Connector, 0) >= 128);
     }
 
@@ -515,8 +527,8 @@ mod tests {
         assert_eq!(slot_of(u64::MAX, 1), 0, "wraps");
         assert!((0..100).all(|op| slot_of(op, 3) < SLOTS));
         assert_eq!(check_slot(0, 0), Ok((0, 0, 0)));
-        assert_eq!(check_slot(32, 0x0109), Ok((32, 9, 1)));
-        assert_eq!(check_slot(33, 0), Err(RingError::SlotLength(33)));
+        assert_eq!(check_slot(1024, 0x0109), Ok((1024, 9, 1)));
+        assert_eq!(check_slot(1025, 0), Err(RingError::SlotLength(1025)));
         assert_eq!(
             check_slot(u32::MAX, 0),
             Err(RingError::SlotLength(u32::MAX))
@@ -539,11 +551,11 @@ mod tests {
             for b in &words[i + 1..] {
                 assert!(a.abs_diff(*b) >= 128, "{a} and {b} share a line");
             }
-            assert!(*a + 8 <= DATA_OFFSET);
+            assert!(*a + 8 <= 4096);
         }
-        assert_eq!(l.data(Side::Connector), 4096..8192);
-        assert_eq!(l.data(Side::Acceptor), 8192..12288);
-        assert_eq!(l.size(), 12288);
+        assert_eq!(l.data(Side::Connector), 24576..28672);
+        assert_eq!(l.data(Side::Acceptor), 28672..32768);
+        assert_eq!(l.size(), 32768);
     }
 
     #[test]

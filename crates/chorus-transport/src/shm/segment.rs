@@ -170,13 +170,14 @@ impl Segment {
         }
     }
 
-    /// Copies `src` into the header page at `off` (a mailbox slot's payload).
+    /// Copies `src` into the control area (the header page and the mailboxes, before the
+    /// rings) at `off`: a mailbox slot's payload.
     pub(crate) fn put_bytes(&self, off: usize, src: &[u8]) {
         assert!(
             off + src.len() <= super::ring::DATA_OFFSET,
-            "bytes outside the header page"
+            "bytes outside the control area"
         );
-        // SAFETY: the destination lies inside the mapping's header page (asserted above)
+        // SAFETY: the destination lies inside the mapping's control area (asserted above)
         // and cannot overlap `src`, private memory. The peer may read these bytes while we
         // write them; it only ever copies them.
         unsafe {
@@ -184,13 +185,13 @@ impl Segment {
         }
     }
 
-    /// Copies the header page's bytes at `off` into `dst` (a mailbox slot's payload).
+    /// Copies the control area's bytes at `off` into `dst` (a mailbox slot's payload).
     pub(crate) fn get_bytes(&self, off: usize, dst: &mut [u8]) {
         assert!(
             off + dst.len() <= super::ring::DATA_OFFSET,
-            "bytes outside the header page"
+            "bytes outside the control area"
         );
-        // SAFETY: the source lies inside the mapping's header page (asserted above); the
+        // SAFETY: the source lies inside the mapping's control area (asserted above); the
         // destination is private memory. The peer may write the source meanwhile: the bytes
         // are a payload no rule constrains, so garbage is the peer's wrong data.
         unsafe {
