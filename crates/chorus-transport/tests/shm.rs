@@ -1098,6 +1098,17 @@ fn a_full_slot_sends_through_the_ring() {
             (OpSeq(9), Bytes::from_static(b"second"))
         );
         assert_eq!(raw.take_slot(1), Some(slot_for(tag(1, 0), b"first")));
+        // Reading the peer's counts for one slot refreshes them all, each as it stands:
+        // slot 2, still full, goes on sending through the ring; slot 1, taken, is free.
+        link.send_bytes_now(tag(2, 0), b"third").unwrap().unwrap();
+        link.send_bytes_now(tag(17, 0), b"fourth").unwrap().unwrap();
+        assert_eq!(raw.take_slot(1), Some(slot_for(tag(17, 0), b"fourth")));
+        link.send_bytes_now(tag(10, 0), b"fifth").unwrap().unwrap();
+        assert_eq!(
+            chunk(next_message(&mut raw, WAIT)),
+            (OpSeq(10), Bytes::from_static(b"fifth"))
+        );
+        assert_eq!(raw.take_slot(2), Some(slot_for(tag(2, 0), b"third")));
     });
 }
 

@@ -35,8 +35,8 @@ use crate::inbound::{self, Flow};
 pub(super) struct MailOut {
     /// Payloads put into each of our slots (the count published with the last).
     put: [u32; SLOTS],
-    /// The peer's count of payloads taken from each, as last read: a slot whose count
-    /// equals `put` is free without reading the peer's line again.
+    /// The peer's count of payloads taken from each, as last read (all at once): a slot
+    /// whose count equals `put` is free without reading the peer's line again.
     took: [u32; SLOTS],
 }
 
@@ -56,11 +56,16 @@ impl Shared {
         let mut out = self.mail_out.lock();
         let put = out.put[k];
         if out.took[k] != put {
-            // Acquire: the peer's copy of the last payload is done before we overwrite it.
-            out.took[k] = self
-                .seg
-                .word32(layout.took(self.me, k))
-                .load(Ordering::Acquire);
+            // The peer's counts for all our slots share one line, which it writes on every
+            // take: one read refreshes them all, so the slots of the next few operations
+            // (taken long ago) are found free without another cross-core miss. Acquire:
+            // the peer's copy of a slot's last payload is done before we overwrite it.
+            for (j, took) in out.took.iter_mut().enumerate() {
+                *took = self
+                    .seg
+                    .word32(layout.took(self.me, j))
+                    .load(Ordering::Acquire);
+            }
             if out.took[k] != put {
                 return false;
             }
