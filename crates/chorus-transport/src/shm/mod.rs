@@ -8,8 +8,9 @@
 //! rings (`ring.rs`), and the link's end is a departure frame plus a one-way closed word in
 //! the segment. Payloads of at most 1 KiB (a small all-reduce's, a barrier's token, a
 //! credit) skip the frames: they go through the segment's mailboxes (`mailbox.rs`); up to
-//! 32 bytes travel as one cache line. A SIGKILLed peer is seen through a pidfd on the process the socket's
-//! `SO_PEERCRED` named, a frozen one by the runtime's heartbeat deadline.
+//! 32 bytes travel as one cache line. A SIGKILLed peer is seen through a pidfd on the
+//! process the socket's `SO_PEERCRED` named, a frozen one by the runtime's heartbeat
+//! deadline.
 //!
 //! Large frames go through the ring too, pipelined in pieces, rather than by a single copy
 //! from the peer's memory (`process_vm_readv`, Open MPI's CMA path). Threads side by side
