@@ -495,27 +495,28 @@ mod tests {
     #[test]
     fn mailboxes_lie_between_the_header_page_and_the_rings_apart_from_each_other() {
         let l = layout();
-        let mut ends = Vec::new();
+        // Where slot `k` of side `s` ends: its fields, then a payload of the most it takes.
+        let end = |s, k| l.slot(s, k) + offsets::SLOT_PAYLOAD + SLOT_BYTES;
         for s in [Side::Connector, Side::Acceptor] {
             for k in 0..SLOTS {
                 let slot = l.slot(s, k);
                 assert!(slot >= 4096, "slot {k} after the header page");
                 assert!(slot.is_multiple_of(128), "slot {k} starts a line pair");
-                let end = slot + offsets::SLOT_PAYLOAD + SLOT_BYTES;
-                assert!(end <= slot + offsets::SLOT_STRIDE);
-                assert!(end <= DATA_OFFSET, "slot {k} before the rings");
-                ends.push((slot, end));
+                assert!(end(s, k) <= slot + offsets::SLOT_STRIDE);
+                assert!(end(s, k) <= DATA_OFFSET, "slot {k} before the rings");
                 assert!(
                     l.took(s, k) + 4 <= 4096,
                     "the counts stay in the header page"
                 );
             }
             for k in 1..SLOTS {
-                let (prev_end, next) = (ends[ends.len() - SLOTS + k - 1].1, l.slot(s, k));
-                assert!(prev_end.div_ceil(128) * 128 <= next, "slots share a line");
+                assert!(
+                    end(s, k - 1).div_ceil(128) * 128 <= l.slot(s, k),
+                    "slots share a line"
+                );
             }
         }
-        assert!(ends[SLOTS - 1].1 <= l.slot(Side::Acceptor, 0));
+        assert!(end(Side::Connector, SLOTS - 1) <= l.slot(Side::Acceptor, 0));
         assert!(DATA_OFFSET.is_multiple_of(4096));
         assert!(l.took(Side::Acceptor, 0) - l.took(Side::Connector, 0) >= 128);
     }
