@@ -101,29 +101,33 @@ pub struct TransportConfig {
     /// of two); also the largest ring an accepted segment may declare. A frame larger than
     /// the ring streams through it in pieces.
     ///
-    /// The default, 1 MiB (four of the engine's 256 KiB chunks), keeps what the rings
-    /// touch in the caches: a ring is written and read circularly, so all of it cycles
-    /// through the caches of both ends, and a rank of a 4-rank ring all-reduce uses a ring
-    /// to each neighbour and from each. With 4 MiB rings (the default until 2026-12-06)
-    /// the rings of a 4-rank, 2 MiB all-reduce were 16 MiB besides the 8 MiB of buffers,
-    /// and a profile of it had half its time in `memcpy`, the copies into the rings the
-    /// largest part (twice the copies out of them).
-    /// Measured on the 2-core, 32 MiB-L3 machine, `chorus bench all-reduce -n N -b 512K -e
-    /// 8M -f 4 -w 10 -i 100 --transport shm`, binaries differing only in this default
-    /// alternated in six rounds, in-place µs, median (range):
+    /// The default, 2 MiB (eight of the engine's 256 KiB chunks), is a trade between two
+    /// effects measured on the 2-core, 32 MiB-L3 machine. A ring is written and read
+    /// circularly, so all of it cycles through both ends' caches, and a rank of a 4-rank
+    /// ring all-reduce uses a ring to each neighbour and from each: with 4 MiB rings (the
+    /// default until 2026-12-06) a 4-rank, 2 MiB all-reduce spent half its time in
+    /// `memcpy`, the copies into the rings the largest part, and smaller rings made it
+    /// faster. Between two ranks at 8–512 KiB, though, 1 MiB rings were slower than larger
+    /// ones. In-place µs, `chorus bench all-reduce --transport shm`, binaries differing only
+    /// in this default (segments pre-faulted, see `Segment::map`) alternated in four
+    /// rounds, median (range; the machine had a slow spell in one round):
     ///
     /// | ranks | size | 4 MiB | 2 MiB | 1 MiB |
     /// |---|---|---|---|---|
-    /// | 2 | 512 KiB | 36 (34–65) | 44 (36–62) | 38 (34–78) |
-    /// | 2 | 2 MiB | 162 (151–197) | 182 (148–266) | 148 (143–164) |
-    /// | 2 | 8 MiB | 817 (796–939) | 815 (680–1208) | 726 (636–997) |
-    /// | 4 | 512 KiB | 318 (208–550) | 254 (168–295) | 203 (150–408) |
-    /// | 4 | 2 MiB | 1445 (1301–1994) | 1019 (831–1250) | 904 (609–1294) |
-    /// | 4 | 8 MiB | 6409 (5673–8012) | 5109 (4764–6521) | 4947 (3992–5659) |
+    /// | 2 | 32 KiB | 3.5 (3.4–5.8) | 3.7 (3.3–14.7) | 5.7 (4.4–20.3) |
+    /// | 2 | 128 KiB | 11.4 (10.4–14.8) | 11.1 (10.6–57.9) | 16.8 (12.7–92.0) |
+    /// | 2 | 512 KiB | 39.1 (36.0–50.2) | 37.5 (37.3–297.6) | 48.2 (44.6–266.6) |
+    /// | 2 | 2 MiB | 169 (152–188) | 152 (148–868) | 194 (150–1010) |
+    /// | 4 | 128 KiB | 125 (87–133) | 80 (65–125) | 103 (81–209) |
+    /// | 4 | 512 KiB | 367 (296–449) | 284 (202–357) | 374 (136–852) |
+    /// | 4 | 2 MiB | 1798 (1667–2053) | 1390 (1186–2631) | 1196 (941–2535) |
+    /// | 4 | 8 MiB | 7343 (7119–8459) | 6537 (5286–9415) | 5369 (3973–5729) |
     ///
-    /// Smaller rings lose (four rounds, `-i 60`, medians): 512 KiB rings took 217 and 1099
-    /// µs at 2 MiB (2 and 4 ranks), 256 KiB rings 489 and 1695, since the writer of a
-    /// 256 KiB chunk waits for the reader sooner, and on a crowded core a wait is a switch.
+    /// (`-n 2 -b 8K -e 8M -f 4 -w 50 -i 300`, `-n 4 -b 32K -e 8M -f 4 -w 10 -i 60`.)
+    /// Without pre-faulting, six rounds of `-n 4 -b 512K -e 8M -f 4 -w 10 -i 100` gave the
+    /// same order at 4 ranks (2 MiB: 1445, 1019 and 904 µs) and 512 KiB or 256 KiB rings
+    /// lost everywhere (the writer of a 256 KiB chunk waits for the reader sooner, and on a
+    /// crowded core a wait is a switch).
     pub shm_ring: usize,
 }
 
@@ -145,7 +149,7 @@ impl Default for TransportConfig {
             uring_entries: 256,
             busy_poll: Duration::ZERO,
             recv_spin: Duration::from_micros(50),
-            shm_ring: 1 << 20,
+            shm_ring: 2 << 20,
         }
     }
 }
