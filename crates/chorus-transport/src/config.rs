@@ -105,12 +105,13 @@ pub struct TransportConfig {
     /// effects measured on the 2-core, 32 MiB-L3 machine. A ring is written and read
     /// circularly, so all of it cycles through both ends' caches, and a rank of a 4-rank
     /// ring all-reduce uses a ring to each neighbour and from each: with 4 MiB rings (the
-    /// default until 2026-12-06) a 4-rank, 2 MiB all-reduce spent half its time in
-    /// `memcpy`, the copies into the rings the largest part, and smaller rings made it
-    /// faster. Between two ranks at 8–512 KiB, though, 1 MiB rings were slower than larger
-    /// ones. In-place µs, `chorus bench all-reduce --transport shm`, binaries differing only
-    /// in this default (segments pre-faulted, see `Segment::map`) alternated in four
-    /// rounds, median (range; the machine had a slow spell in one round):
+    /// default until 2026-12-06) a 4-rank, 2 MiB all-reduce spent over half its time in
+    /// `memcpy`, the copies into the rings 1.6 times as long as the copies out, and
+    /// smaller rings made it faster. Between two ranks at 8–512 KiB, though, 1 MiB rings
+    /// were slower than larger ones. In-place µs, `chorus bench all-reduce --transport
+    /// shm`, binaries differing only in this default (segments pre-faulted, then at set-up,
+    /// now by `Segment::prefault`) alternated in four rounds, median (range; the machine had
+    /// a slow spell in one round):
     ///
     /// | ranks | size | 4 MiB | 2 MiB | 1 MiB |
     /// |---|---|---|---|---|

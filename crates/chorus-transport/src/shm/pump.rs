@@ -34,8 +34,10 @@ enum Wrote {
     Close,
 }
 
-/// Runs the pump until the link is closed.
+/// Runs the pump until the link is closed, after faulting in the segment
+/// ([`Segment::prefault`](super::segment::Segment::prefault)).
 pub(super) fn run(shared: Arc<Shared>) {
+    shared.seg.prefault();
     let mut pump = Pump {
         shared,
         current: None,

@@ -96,15 +96,6 @@ impl Segment {
         Segment::map(fd, layout)
     }
 
-    /// Maps the segment with its pages faulted in (`MAP_POPULATE`: a shared memfd's pages
-    /// are allocated and mapped writable up front), so that the first pass of traffic
-    /// through a ring does not take a page fault every 4 KiB on each end, which a bench's
-    /// warm-up (or a job's first steps) would otherwise pay for a whole ring: between two
-    /// ranks, 8 KiB all-reduces took 1.6 µs instead of 2.6 and 32 KiB 3.5 instead of 4.2
-    /// (4 MiB rings, `chorus bench all-reduce -n 2 -b 2K -e 128K -f 4 -w 125 -i 500
-    /// --transport shm`, four alternated rounds, medians). The cost is set-up time, about
-    /// a memset of the segment per pair, and its memory committed at once rather than as
-    /// traffic first reaches it.
     fn map(fd: OwnedFd, layout: Layout) -> Result<Segment, SegmentError> {
         // SAFETY: a fresh shared mapping of a sealed file of exactly `layout.size()` bytes;
         // no existing memory is affected.
@@ -113,7 +104,7 @@ impl Segment {
                 std::ptr::null_mut(),
                 layout.size(),
                 ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED | MapFlags::POPULATE,
+                MapFlags::SHARED,
                 &fd,
                 0,
             )
@@ -124,6 +115,31 @@ impl Segment {
             source: rustix::io::Errno::NOMEM,
         })?;
         Ok(Segment { base, layout, fd })
+    }
+
+    /// Faults in this end's mapping of the whole segment (`MADV_POPULATE_WRITE`: a shared
+    /// memfd's pages are allocated and mapped writable, no byte changed), so that the first
+    /// pass of traffic through a ring does not take a page fault every 4 KiB on each end,
+    /// which a bench's warm-up (or a job's first steps) would otherwise pay for a whole
+    /// ring: between two ranks, 8 KiB all-reduces took 1.6 µs instead of 2.6 and 32 KiB 3.5
+    /// instead of 4.2 (4 MiB rings, `chorus bench all-reduce -n 2 -b 2K -e 128K -f 4 -w 125
+    /// -i 500 --transport shm`, four alternated rounds, medians).
+    ///
+    /// The link's pump calls it on its own thread as it starts, not set-up: faulting in 4
+    /// MiB takes about a millisecond, which set-up would spend on a runtime thread. Done at
+    /// set-up (`MAP_POPULATE`), it made a shrink racing a second failure
+    /// (`tests/tests/detection.rs`) fail 3 times in 15 runs, against none in 8 without it
+    /// and none in 10 from the pump. Best effort: a kernel before 5.14 refuses the advice,
+    /// and the traffic faults the pages in as before.
+    pub(crate) fn prefault(&self) {
+        // SAFETY: the range is exactly this mapping; populating it changes no byte.
+        let _ = unsafe {
+            rustix::mm::madvise(
+                self.base.as_ptr().cast(),
+                self.layout.size(),
+                rustix::mm::Advice::LinuxPopulateWrite,
+            )
+        };
     }
 
     pub(crate) fn layout(&self) -> &Layout {
@@ -385,11 +401,12 @@ mod tests {
     }
 
     #[test]
-    fn both_ends_map_the_segment_with_its_pages_already_faulted_in() {
+    fn a_prefaulted_mapping_takes_no_page_fault_on_either_end() {
         let a = Segment::create(1 << 20).unwrap();
         let b = Segment::accept(dup(&a), 1 << 20).unwrap();
         let pages = a.layout().size() / 4096;
         for seg in [&a, &b] {
+            seg.prefault();
             let before = minor_faults();
             for page in 0..pages {
                 // SAFETY: every offset is inside the mapping; each byte is written back unchanged.
@@ -399,7 +416,7 @@ mod tests {
                 }
             }
             let taken = minor_faults() - before;
-            // Without `MAP_POPULATE` each end takes a fault per page (517 of these 518).
+            // Without `prefault` each end takes a fault per page (517 of these 518).
             assert!(taken < 16, "{taken} faults touching {pages} pages");
         }
     }
