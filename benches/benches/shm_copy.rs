@@ -7,8 +7,9 @@
 //!
 //! Both move one message of `size` bytes from a sender thread to a receiver thread, the
 //! sender's buffer being reusable when the transfer ends (as a link's send must allow):
-//! - `ring`: the shm link's path. The sender copies 64 KiB pieces into a 4 MiB ring and
-//!   publishes each piece's tail; the receiver copies each piece out as it appears and
+//! - `ring`: the shm link's path. The sender copies 64 KiB pieces into a 4 MiB ring (the
+//!   link's default when the figures below were taken; 2 MiB since, see
+//!   `TransportConfig::shm_ring`) and publishes each piece's tail; the receiver copies each piece out as it appears and
 //!   publishes its head. Two copies, overlapped.
 //! - `cma`: Open MPI's CMA path. The sender publishes its buffer's address; the receiver
 //!   copies it with one `process_vm_readv` and acknowledges, which frees the buffer. One

@@ -109,9 +109,9 @@ pub struct TransportConfig {
     /// `memcpy`, the copies into the rings 1.6 times as long as the copies out, and
     /// smaller rings made it faster. Between two ranks at 8–512 KiB, though, 1 MiB rings
     /// were slower than larger ones. In-place µs, `chorus bench all-reduce --transport
-    /// shm`, binaries differing only in this default (segments pre-faulted, then at set-up,
-    /// now by `Segment::prefault`) alternated in four rounds, median (range; the machine had
-    /// a slow spell in one round):
+    /// shm`, binaries differing only in this default alternated in four rounds, segments
+    /// pre-faulted (then at set-up; `Segment::prefault` now does it as a link starts),
+    /// median (range; the machine had a slow spell in one round):
     ///
     /// | ranks | size | 4 MiB | 2 MiB | 1 MiB |
     /// |---|---|---|---|---|

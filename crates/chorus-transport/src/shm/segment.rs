@@ -125,12 +125,13 @@ impl Segment {
     /// instead of 4.2 (4 MiB rings, `chorus bench all-reduce -n 2 -b 2K -e 128K -f 4 -w 125
     /// -i 500 --transport shm`, four alternated rounds, medians).
     ///
-    /// The link's pump calls it on its own thread as it starts, not set-up: faulting in 4
-    /// MiB takes about a millisecond, which set-up would spend on a runtime thread. Done at
-    /// set-up (`MAP_POPULATE`), it made a shrink racing a second failure
-    /// (`tests/tests/detection.rs`) fail 3 times in 15 runs, against none in 8 without it
-    /// and none in 10 from the pump. Best effort: a kernel before 5.14 refuses the advice,
-    /// and the traffic faults the pages in as before.
+    /// The link's pump calls it on its own thread as it starts, not set-up: faulting in a
+    /// default segment (two 2 MiB rings) took 2.0–2.9 ms on the end that allocates its
+    /// pages (20 fresh memfds, `madvise` timed alone), which set-up would spend on a
+    /// runtime thread. Done at set-up (`MAP_POPULATE`), it made a shrink racing a second
+    /// failure (`tests/tests/detection.rs`) fail 3 times in 15 runs, against none in 8
+    /// without it and none in 10 from the pump. Best effort: a kernel before 5.14 refuses
+    /// the advice, and the traffic faults the pages in as before.
     pub(crate) fn prefault(&self) {
         // SAFETY: the range is exactly this mapping; populating it changes no byte.
         let _ = unsafe {
