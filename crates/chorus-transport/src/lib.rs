@@ -43,3 +43,16 @@ pub use identity::{Fingerprint, Identity};
 pub use quic::{ControlChannel, QuicConnection, QuicEndpoint, QuicLink};
 pub use shm::{RawShm, RawSlot, ShmConnection, ShmLink, ShmListener, ShmTransport};
 pub use tcp::{BackendKind, RawConnection, TcpConnection, TcpLink, TcpListener, TcpTransport};
+
+use chorus_protocol::CloseCode;
+
+/// The code a connection given up before it became a link or a channel ends with, on every
+/// transport (SPEC 6): `deadline`, a live peer's refusal. Not `normal`, which a control
+/// stream's peer reads as this member leaving; not a bare close, which reads as a lost
+/// peer, so that the peer's runtime counts this live member out of the next agreement (a
+/// member whose build of an epoch's links failed gives up the connections still being set
+/// up, which its peers may have made links already).
+pub(crate) const GIVEN_UP: CloseCode = CloseCode::DEADLINE;
+
+/// The detail that goes with [`GIVEN_UP`].
+pub(crate) const GIVEN_UP_DETAIL: &str = "connection given up before use";

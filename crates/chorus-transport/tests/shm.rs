@@ -750,25 +750,38 @@ fn a_closed_word_without_a_departure_is_a_lost_connection() {
     });
 }
 
-/// A connection the acceptor drops without making a link (refused by its runtime, say)
-/// ends the connector's link at once, not at some heartbeat deadline.
+/// A connection dropped without making a link — by the acceptor (refused by its runtime,
+/// say), or by the connector (its caller stopped waiting: a build of an epoch's links that
+/// failed meanwhile) — ends the peer's link at once, not at some heartbeat deadline, and
+/// with a departure coded `deadline` (SPEC 6): a live peer's refusal. A bare closed word
+/// would read as a lost peer, and the peer's runtime would count this live member out.
 #[test]
-fn a_connection_dropped_unused_ends_the_peers_link() {
+fn a_connection_dropped_unused_departs_with_deadline() {
     shared(async {
         let (t, _) = transport(None);
         let mut l = listener(&t, 0).await;
         let name = l.name().to_owned();
-        let (c, a) = tokio::join!(
-            t.connect(&name, Role::Data, route(1), Rank(0)),
-            l.accept(WAIT)
-        );
-        let link = c.unwrap().into_link().unwrap();
-        let pending = link.recv(tag(1, 0));
-        drop(a.unwrap());
-        let r = tokio::time::timeout(Duration::from_secs(2), pending)
-            .await
-            .expect("the dropped connection went unnoticed");
-        assert!(matches!(r, Err(LinkError::ConnectionLost { .. })), "{r:?}");
+        for connector_drops in [false, true] {
+            let (c, a) = tokio::join!(
+                t.connect(&name, Role::Data, route(1), Rank(0)),
+                l.accept(WAIT)
+            );
+            let (kept, dropped) = if connector_drops {
+                (a.unwrap(), c.unwrap())
+            } else {
+                (c.unwrap(), a.unwrap())
+            };
+            let link = kept.into_link().unwrap();
+            let pending = link.recv(tag(1, 0));
+            drop(dropped);
+            let r = tokio::time::timeout(Duration::from_secs(2), pending)
+                .await
+                .expect("the dropped connection went unnoticed");
+            assert!(
+                matches!(&r, Err(LinkError::PeerDeparted { code, .. }) if *code == CloseCode::DEADLINE),
+                "connector drops: {connector_drops}: {r:?}"
+            );
+        }
     });
 }
 

@@ -423,6 +423,38 @@ mod suite {
         transfer(&a, &b, 98, 3 << 20).await;
     }
 
+    /// A connection dropped without making a link — by the acceptor, or by the connector
+    /// (its caller stopped waiting: a build of an epoch's links that failed meanwhile) —
+    /// ends the peer's link with a departure coded `deadline` (SPEC 6), a live peer's
+    /// refusal; a bare end of stream would read as a lost peer, and the peer's runtime
+    /// would count this live member out.
+    pub(crate) async fn a_connection_dropped_unused_departs_with_deadline(backend: Backend) {
+        let Some((t, _)) = transport(backend, None) else {
+            return;
+        };
+        let mut l = listener(&t).await;
+        let addr = l.local_addr();
+        for connector_drops in [false, true] {
+            let (c, a) = tokio::join!(
+                t.connect(addr, Role::Data, route(1), Rank(0)),
+                l.accept(WAIT)
+            );
+            let (kept, dropped) = if connector_drops {
+                (a.unwrap(), c.unwrap())
+            } else {
+                (c.unwrap(), a.unwrap())
+            };
+            let link = kept.into_link().unwrap();
+            let pending = link.recv(tag(1, 0));
+            drop(dropped);
+            let r = tokio::time::timeout(WAIT, pending).await.unwrap();
+            assert!(
+                matches!(&r, Err(LinkError::PeerDeparted { code, .. }) if *code == CloseCode::DEADLINE),
+                "{backend:?}, connector drops: {connector_drops}: {r:?}"
+            );
+        }
+    }
+
     /// An authenticated peer announcing a 4 GiB frame costs nothing: the link closes with
     /// a protocol violation before allocating.
     pub(crate) async fn a_lying_length_is_a_violation_not_an_allocation(backend: Backend) {
@@ -1017,6 +1049,10 @@ macro_rules! backend_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn bad_peers_are_refused_with_their_code_while_good_ones_transfer() {
                 suite::bad_peers_are_refused_with_their_code_while_good_ones_transfer($backend).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_connection_dropped_unused_departs_with_deadline() {
+                suite::a_connection_dropped_unused_departs_with_deadline($backend).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_lying_length_is_a_violation_not_an_allocation() {

@@ -220,7 +220,7 @@ impl ControlChannel {
 /// `unclaimed.rs`).
 impl Drop for Shared {
     fn drop(&mut self) {
-        self.close_now(super::unclaimed::ABANDONED, "control channel dropped");
+        self.close_now(crate::GIVEN_UP, "control channel dropped");
     }
 }
 

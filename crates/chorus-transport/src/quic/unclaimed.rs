@@ -9,13 +9,10 @@
 //! which may already have admitted it, that this member left. It is closed with
 //! `deadline` instead: a live peer's refusal, not evidence that it is gone.
 
-use chorus_protocol::CloseCode;
 use quinn::Connection;
 
 use super::code_of;
-
-/// The code a connection dropped without an explicit close ends with.
-pub(super) const ABANDONED: CloseCode = CloseCode::DEADLINE;
+use crate::{GIVEN_UP, GIVEN_UP_DETAIL};
 
 /// See the module docs.
 #[derive(Debug)]
@@ -48,7 +45,7 @@ impl Drop for Unclaimed {
         if !self.claimed {
             // A no-op if it is closed already (the first close wins).
             self.conn
-                .close(code_of(ABANDONED), b"connection given up before use");
+                .close(code_of(GIVEN_UP), GIVEN_UP_DETAIL.as_bytes());
         }
     }
 }

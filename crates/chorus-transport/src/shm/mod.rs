@@ -54,7 +54,6 @@ use tokio::task::JoinHandle;
 pub use link::ShmLink;
 pub use raw::{RawShm, RawSlot};
 
-use crate::Route;
 use crate::admission::Admission;
 use crate::config::TransportConfig;
 use crate::error::TransportError;
@@ -62,6 +61,7 @@ use crate::fresh;
 use crate::handshake::{self, Greeted};
 use crate::outbound::Outbound;
 use crate::progress_thread::ProgressThread;
+use crate::{GIVEN_UP, GIVEN_UP_DETAIL, Route};
 use process::PeerProcess;
 use ring::Side;
 use segment::Segment;
@@ -168,7 +168,17 @@ impl ShmTransport {
                 let (mut r, mut w) = stream.split();
                 let greeted = handshake::connect(&mut r, &mut w, NO_ADDR, config).await?;
                 let seg = Segment::create(inner.cfg.shm_ring).map_err(segment_error)?;
+                // A connection from here on: given up (a failed handover), it departs in
+                // its ring, which the acceptor may have mapped and made a link already.
+                let conn = ShmConnection {
+                    pid: unix::peer_pid(&stream),
+                    greeted,
+                    seg: Some(seg),
+                    side: Side::Connector,
+                    cfg: inner.cfg.clone(),
+                };
                 let handover = async {
+                    let seg = conn.seg.as_ref().ok_or(TransportError::Shutdown)?;
                     unix::send_fd(&stream, unix::SEGMENT, seg.fd())
                         .await
                         .map_err(TransportError::io("send shm segment"))?;
@@ -179,13 +189,7 @@ impl ShmTransport {
                     }
                 };
                 within(deadline, handover).await?;
-                Ok(ShmConnection {
-                    pid: unix::peer_pid(&stream),
-                    greeted,
-                    seg: Some(seg),
-                    side: Side::Connector,
-                    cfg: inner.cfg.clone(),
-                })
+                Ok(conn)
             })
             .await?
     }
@@ -307,11 +311,21 @@ impl ShmConnection {
     }
 }
 
+/// Dropped unused (a connect whose caller stopped waiting, an accepted connection nobody
+/// took): the peer, which may have made its end a link already, reads a departure with
+/// [`GIVEN_UP`] in the ring before the closed word, so it ends at once and takes this side
+/// for a live one that refused (SPEC 6), not for a lost one. A role other than `Data` gets
+/// no frame: on a control stream any `Depart` means the sender left (SPEC 9.2).
 impl Drop for ShmConnection {
     fn drop(&mut self) {
-        if let Some(seg) = &self.seg {
-            seg.close(self.side);
+        let data = self.role() == Role::Data;
+        let Some(seg) = self.seg.take() else { return };
+        let (me, encoder, decoder) = self.take_framing();
+        let mut raw = RawShm::new(seg, self.side, me, encoder, decoder);
+        if data {
+            raw.depart_now(GIVEN_UP, GIVEN_UP_DETAIL);
         }
+        raw.close();
     }
 }
 

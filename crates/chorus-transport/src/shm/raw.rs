@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use chorus_protocol::{Decoder, Encoder, Envelope};
+use chorus_protocol::message::{Depart, Message};
+use chorus_protocol::{CloseCode, Decoder, Encoder, Envelope};
 
 use super::futex;
 use super::ring::{Consumer, Producer, SLOT_BYTES, SLOTS, Side, SlotHead, offsets};
@@ -54,27 +55,53 @@ impl RawShm {
     /// how many it wrote.
     pub fn write(&mut self, bytes: &[u8], within: Duration) -> usize {
         let deadline = Instant::now() + within;
-        let layout = *self.seg.layout();
         let mut done = 0;
         while done < bytes.len() && Instant::now() < deadline {
-            let head = self
-                .seg
-                .word64(layout.head(self.side))
-                .load(Ordering::Acquire);
-            let Ok(spans) = self.producer.writable(head, bytes.len() - done) else {
-                return done;
-            };
-            if spans.is_empty() {
-                std::thread::sleep(Duration::from_micros(100));
-                continue;
+            match self.write_now(&bytes[done..]) {
+                None => return done,
+                Some(0) => std::thread::sleep(Duration::from_micros(100)),
+                Some(n) => done += n,
             }
-            let n = spans.len();
-            self.seg.copy_in(self.side, &spans, &bytes[done..done + n]);
-            let tail = self.producer.produce(n);
-            self.set_tail(tail);
-            done += n;
         }
         done
+    }
+
+    /// Writes what fits of `bytes` into our ring now and publishes it; `None` if the
+    /// peer's head is out of range.
+    fn write_now(&mut self, bytes: &[u8]) -> Option<usize> {
+        let layout = *self.seg.layout();
+        let head = self
+            .seg
+            .word64(layout.head(self.side))
+            .load(Ordering::Acquire);
+        let spans = self.producer.writable(head, bytes.len()).ok()?;
+        let n = spans.len();
+        if n > 0 {
+            self.seg.copy_in(self.side, &spans, &bytes[..n]);
+            let tail = self.producer.produce(n);
+            self.set_tail(tail);
+        }
+        Some(n)
+    }
+
+    /// Writes a `Depart` frame with `code` and `detail` if the ring has room for all of it
+    /// now (a fresh ring always has), without waiting; true if it did.
+    pub(super) fn depart_now(&mut self, code: CloseCode, detail: &str) -> bool {
+        let depart = Message::Depart(Depart::new(code, detail.to_owned()));
+        let mut frame = BytesMut::new();
+        if self.encoder.encode(&self.me, &depart, &mut frame).is_err() {
+            return false;
+        }
+        let layout = *self.seg.layout();
+        let head = self
+            .seg
+            .word64(layout.head(self.side))
+            .load(Ordering::Acquire);
+        let room = self
+            .producer
+            .writable(head, frame.len())
+            .map_or(0, |spans| spans.len());
+        room == frame.len() && self.write_now(&frame) == Some(frame.len())
     }
 
     /// Publishes `tail` as our ring's tail, whatever it is, and wakes the peer.

@@ -32,7 +32,6 @@ use tokio::task::JoinHandle;
 
 pub use link::TcpLink;
 
-use crate::Route;
 use crate::admission::Admission;
 use crate::config::{Backend, TransportConfig};
 use crate::error::TransportError;
@@ -41,6 +40,7 @@ use crate::handshake::{self, Greeted};
 use crate::matcher::Matcher;
 use crate::outbound::Outbound;
 use crate::progress_thread::ProgressThread;
+use crate::{GIVEN_UP, GIVEN_UP_DETAIL, Route};
 use reader::Reader;
 
 /// The backend a transport actually runs (what `Backend::Auto` resolved to).
@@ -285,59 +285,12 @@ impl TcpConnection {
     /// only if it is the link's first failure, and a link reads at once, so a peer that
     /// half-closed right after its `Hello` would win that race and get a bare end of stream.
     pub async fn refuse(mut self, code: CloseCode, detail: impl Into<String>) {
-        use teardown::{Action, Event, Teardown};
-        use tokio::io::AsyncWriteExt;
-        use tokio::time::Instant;
-
-        let Some(mut stream) = self.stream.take() else {
+        let Some(stream) = self.stream.take() else {
             return;
         };
-        // The same close sequence the links carry out (teardown.rs), on a stream that is
-        // on a frame boundary with a departure to send.
-        let mut close = Teardown::new(Instant::now(), self.transport.inner.cfg.depart_timeout);
-        let mut action = close.handle(Instant::now(), Event::Boundary { departure: true });
-        let mut detail = Some(detail.into());
-        loop {
-            let event = match action {
-                Action::Depart => {
-                    let me = self.greeted.me;
-                    let depart =
-                        Message::Depart(Depart::new(code, detail.take().unwrap_or_default()));
-                    let mut bytes = bytes::BytesMut::new();
-                    let until = close.deadline().unwrap_or_else(Instant::now);
-                    match self.greeted.encoder.encode(&me, &depart, &mut bytes) {
-                        Err(_) => Event::WriteFailed,
-                        Ok(_) => {
-                            match tokio::time::timeout_at(until, stream.write_all(&bytes)).await {
-                                Ok(Ok(())) => Event::Departed,
-                                Ok(Err(_)) => Event::WriteFailed,
-                                Err(_) => Event::Tick,
-                            }
-                        }
-                    }
-                }
-                Action::HalfClose => {
-                    socket::shutdown_write(stream.as_fd());
-                    Event::Unacked(socket::unacknowledged(stream.as_fd()))
-                }
-                Action::Continue => {
-                    if let Some(at) = close.deadline() {
-                        tokio::time::sleep_until(at).await;
-                    }
-                    if close.is_flushing() {
-                        Event::Unacked(socket::unacknowledged(stream.as_fd()))
-                    } else {
-                        Event::Tick
-                    }
-                }
-                Action::Shut => {
-                    socket::shutdown_of(&stream);
-                    return;
-                }
-                Action::Done => return,
-            };
-            action = close.handle(Instant::now(), event);
-        }
+        let (me, encoder, _) = self.take_framing();
+        let budget = self.transport.inner.cfg.depart_timeout;
+        depart_and_close(stream, me, encoder, budget, code, detail.into()).await;
     }
 
     /// Turns a `Role::Data` connection into the data link to its peer, on the transport's
@@ -416,11 +369,90 @@ impl TcpConnection {
     }
 }
 
+/// Dropped unused (a connect whose caller stopped waiting, an accepted connection nobody
+/// took): a data stream's peer, which may have made its end a link already, reads a
+/// departure with [`GIVEN_UP`] (SPEC 6) and takes this side for a live one that refused,
+/// not for a lost one. The close runs on the progress thread, bounded by the depart budget
+/// like [`TcpConnection::refuse`]'s. A role other than `Data` is shut at once: on a control
+/// stream any `Depart` means the sender left (SPEC 9.2).
 impl Drop for TcpConnection {
     fn drop(&mut self) {
-        if let Some(stream) = &self.stream {
-            socket::shutdown_of(stream);
+        let Some(stream) = self.stream.take() else {
+            return;
+        };
+        if self.role() != Role::Data {
+            socket::shutdown_of(&stream);
+            return;
         }
+        let (me, encoder, _) = self.take_framing();
+        let budget = self.transport.inner.cfg.depart_timeout;
+        let close = depart_and_close(
+            stream,
+            me,
+            encoder,
+            budget,
+            GIVEN_UP,
+            GIVEN_UP_DETAIL.to_owned(),
+        );
+        // A runtime shutting down drops the task, and with it the socket.
+        drop(self.transport.inner.progress.handle().spawn(close));
+    }
+}
+
+/// The close sequence the links carry out (`teardown.rs`) on a stream that is on a frame
+/// boundary with a departure to send: `Depart` with `code`, half-close, wait (within
+/// `budget`) until the peer has acknowledged it, then shut the socket.
+async fn depart_and_close(
+    mut stream: TcpStream,
+    me: Envelope,
+    mut encoder: Encoder,
+    budget: Duration,
+    code: CloseCode,
+    detail: String,
+) {
+    use teardown::{Action, Event, Teardown};
+    use tokio::io::AsyncWriteExt;
+    use tokio::time::Instant;
+
+    let mut close = Teardown::new(Instant::now(), budget);
+    let mut action = close.handle(Instant::now(), Event::Boundary { departure: true });
+    let mut detail = Some(detail);
+    loop {
+        let event = match action {
+            Action::Depart => {
+                let depart = Message::Depart(Depart::new(code, detail.take().unwrap_or_default()));
+                let mut bytes = bytes::BytesMut::new();
+                let until = close.deadline().unwrap_or_else(Instant::now);
+                match encoder.encode(&me, &depart, &mut bytes) {
+                    Err(_) => Event::WriteFailed,
+                    Ok(_) => match tokio::time::timeout_at(until, stream.write_all(&bytes)).await {
+                        Ok(Ok(())) => Event::Departed,
+                        Ok(Err(_)) => Event::WriteFailed,
+                        Err(_) => Event::Tick,
+                    },
+                }
+            }
+            Action::HalfClose => {
+                socket::shutdown_write(stream.as_fd());
+                Event::Unacked(socket::unacknowledged(stream.as_fd()))
+            }
+            Action::Continue => {
+                if let Some(at) = close.deadline() {
+                    tokio::time::sleep_until(at).await;
+                }
+                if close.is_flushing() {
+                    Event::Unacked(socket::unacknowledged(stream.as_fd()))
+                } else {
+                    Event::Tick
+                }
+            }
+            Action::Shut => {
+                socket::shutdown_of(&stream);
+                return;
+            }
+            Action::Done => return,
+        };
+        action = close.handle(Instant::now(), event);
     }
 }
 

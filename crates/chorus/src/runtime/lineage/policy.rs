@@ -283,7 +283,9 @@ impl Policy {
     /// closes old streams with `normal`) — so the control plane is not told the peer is
     /// gone; but the members waiting on this one are stranded all the same, so the epoch
     /// is revoked: every member's operations end at once, naming the departure (see
-    /// `aborts::revoke`), instead of at their operation deadline.
+    /// `aborts::revoke`), instead of at their operation deadline. Other codes go to the
+    /// node like a control stream's close, which takes `deadline` (a connection the peer
+    /// gave up before use, SPEC 6) for a live peer's refusal, not evidence.
     pub(super) fn data_departed(
         &mut self,
         now: Instant,
