@@ -288,10 +288,16 @@ impl ShmConnection {
             &self.cfg,
         ));
         let pumped = shared.clone();
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(format!("chorus-shm-{}", peer.sender.0))
-            .spawn(move || pump::run(pumped))
-            .map_err(TransportError::io("spawn shm pump"))?;
+            .spawn(move || pump::run(pumped));
+        if let Err(e) = spawned {
+            // No pump to carry a departure: the closed word alone ends the peer's link at
+            // once (a lost stream), rather than leaving it waiting on a segment nobody
+            // serves.
+            shared.set_closed();
+            return Err(TransportError::io("spawn shm pump")(e));
+        }
         Ok(ShmLink {
             shared,
             spin: crate::spin::SpinBudget::new(self.cfg.recv_spin),

@@ -186,6 +186,26 @@ fn a_graceful_departure_on_a_data_link_revokes_the_epoch_naming_the_leaver() {
     assert!(std::iter::from_fn(|| p.poll_transmit()).count() > 0);
 }
 
+/// A data link the peer gave up before use (`deadline`, SPEC 6: a member whose build of an
+/// epoch's links failed) is a live peer's refusal: nothing recorded, nothing aborted, the
+/// peer still counted present for the next agreement. The same link lost without a word
+/// is evidence that the peer died.
+#[test]
+fn a_data_link_given_up_by_a_live_peer_is_not_evidence() {
+    let mut p = policy(3, 0);
+    let _ = actions(&mut p);
+    p.data_departed(at(1), Rank(2), Epoch(0), CloseCode::DEADLINE);
+    let done = actions(&mut p);
+    assert!(recorded(&done).is_empty(), "{:?}", recorded(&done));
+    assert!(aborts(&done).is_empty());
+    assert!(p.absence(at(2), true).is_none(), "the peer was counted out");
+
+    p.data_lost(at(3), Rank(2), Epoch(0));
+    let done = actions(&mut p);
+    assert_eq!(recorded(&done)[0].kind, ErrorKind::PeerFailed);
+    assert!(p.absence(at(4), false).is_some());
+}
+
 #[test]
 fn a_revoke_without_a_cause_names_a_departure_seen_on_the_links_or_is_a_revoke() {
     let mut p = policy(3, 0);
