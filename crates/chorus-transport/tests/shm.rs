@@ -772,15 +772,9 @@ fn a_connection_dropped_unused_departs_with_deadline() {
                 (c.unwrap(), a.unwrap())
             };
             let link = kept.into_link().unwrap();
-            let pending = link.recv(tag(1, 0));
-            drop(dropped);
-            let r = tokio::time::timeout(Duration::from_secs(2), pending)
-                .await
-                .expect("the dropped connection went unnoticed");
-            assert!(
-                matches!(&r, Err(LinkError::PeerDeparted { code, .. }) if *code == CloseCode::DEADLINE),
-                "connector drops: {connector_drops}: {r:?}"
-            );
+            let what = format!("connector drops: {connector_drops}");
+            a_dropped_end_departs_with_deadline(&link, dropped, Duration::from_secs(2), &what)
+                .await;
         }
     });
 }

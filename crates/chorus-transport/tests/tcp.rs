@@ -445,13 +445,8 @@ mod suite {
                 (c.unwrap(), a.unwrap())
             };
             let link = kept.into_link().unwrap();
-            let pending = link.recv(tag(1, 0));
-            drop(dropped);
-            let r = tokio::time::timeout(WAIT, pending).await.unwrap();
-            assert!(
-                matches!(&r, Err(LinkError::PeerDeparted { code, .. }) if *code == CloseCode::DEADLINE),
-                "{backend:?}, connector drops: {connector_drops}: {r:?}"
-            );
+            let what = format!("{backend:?}, connector drops: {connector_drops}");
+            a_dropped_end_departs_with_deadline(&link, dropped, WAIT, &what).await;
         }
     }
 

@@ -57,7 +57,7 @@ impl RawShm {
         let deadline = Instant::now() + within;
         let mut done = 0;
         while done < bytes.len() && Instant::now() < deadline {
-            match self.write_now(&bytes[done..]) {
+            match self.write_now(&bytes[done..], false) {
                 None => return done,
                 Some(0) => std::thread::sleep(Duration::from_micros(100)),
                 Some(n) => done += n,
@@ -66,9 +66,9 @@ impl RawShm {
         done
     }
 
-    /// Writes what fits of `bytes` into our ring now and publishes it; `None` if the
-    /// peer's head is out of range.
-    fn write_now(&mut self, bytes: &[u8]) -> Option<usize> {
+    /// Writes what fits of `bytes` into our ring now (with `whole`, all of it or nothing)
+    /// and publishes it; `None` if the peer's head is out of range.
+    fn write_now(&mut self, bytes: &[u8], whole: bool) -> Option<usize> {
         let layout = *self.seg.layout();
         let head = self
             .seg
@@ -76,32 +76,23 @@ impl RawShm {
             .load(Ordering::Acquire);
         let spans = self.producer.writable(head, bytes.len()).ok()?;
         let n = spans.len();
-        if n > 0 {
-            self.seg.copy_in(self.side, &spans, &bytes[..n]);
-            let tail = self.producer.produce(n);
-            self.set_tail(tail);
+        if n == 0 || (whole && n < bytes.len()) {
+            return Some(0);
         }
+        self.seg.copy_in(self.side, &spans, &bytes[..n]);
+        let tail = self.producer.produce(n);
+        self.set_tail(tail);
         Some(n)
     }
 
     /// Writes a `Depart` frame with `code` and `detail` if the ring has room for all of it
-    /// now (a fresh ring always has), without waiting; true if it did.
-    pub(super) fn depart_now(&mut self, code: CloseCode, detail: &str) -> bool {
+    /// now (a fresh ring always has), without waiting; nothing otherwise.
+    pub(super) fn depart_now(&mut self, code: CloseCode, detail: &str) {
         let depart = Message::Depart(Depart::new(code, detail.to_owned()));
         let mut frame = BytesMut::new();
-        if self.encoder.encode(&self.me, &depart, &mut frame).is_err() {
-            return false;
+        if self.encoder.encode(&self.me, &depart, &mut frame).is_ok() {
+            self.write_now(&frame, true);
         }
-        let layout = *self.seg.layout();
-        let head = self
-            .seg
-            .word64(layout.head(self.side))
-            .load(Ordering::Acquire);
-        let room = self
-            .producer
-            .writable(head, frame.len())
-            .map_or(0, |spans| spans.len());
-        room == frame.len() && self.write_now(&frame) == Some(frame.len())
     }
 
     /// Publishes `tail` as our ring's tail, whatever it is, and wakes the peer.

@@ -237,6 +237,26 @@ impl RawPeer {
     }
 }
 
+/// Drops `dropped`, the other end of `link`'s connection, which never became a link: the
+/// receive pending on `link` must end within `wait` with a departure coded `deadline` (SPEC
+/// 6, a connection given up before use), not as a lost connection. `what` names the case.
+pub async fn a_dropped_end_departs_with_deadline<L: Link<Bytes>>(
+    link: &L,
+    dropped: impl Sized,
+    wait: Duration,
+    what: &str,
+) {
+    let pending = link.recv(tag(1, 0));
+    drop(dropped);
+    let r = tokio::time::timeout(wait, pending)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the dropped connection went unnoticed"));
+    assert!(
+        matches!(&r, Err(LinkError::PeerDeparted { code, .. }) if *code == CloseCode::DEADLINE),
+        "{what}: {r:?}"
+    );
+}
+
 /// `cancel` on `x` fails its pending receive synchronously, later sends fail with the same
 /// reason, a second cancel changes nothing, and `y`, its peer, sees the departure with the
 /// code and `detail`, also through `failure` with no operation asking. `wait` bounds the
